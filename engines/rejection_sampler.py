@@ -1,0 +1,63 @@
+"""Lossless speculative sampling (Leviathan et al. 2023; Chen et al. 2023).
+
+Glossary, in the papers' letters:
+    p            the TARGET model's distribution (the one output must follow).
+    q            the DRAFT's distribution that proposed the tokens. A deterministic
+                 proposer (n-gram lookup) is a one-hot q: q(x) = 1 for its token.
+    γ (gamma)    draft tokens proposed this round (here k <= γ: a proposer may
+                 propose fewer, e.g. no n-gram match).
+    draft tokens x_1..x_k, drawn from q_1..q_k.
+    accepted     x_i is kept with probability min(1, p_i(x_i) / q_i(x_i)); the first
+                 rejection ends the round.
+    recovered    on rejection at i, a token is drawn from the residual
+                 norm(max(0, p_i - q_i)) instead of x_i.
+    bonus        when all k drafts are accepted, one more token is drawn from
+                 p_{k+1}, which the verification forward computed anyway.
+
+Every round therefore emits accepted + 1 tokens, and each has exactly the
+distribution plain sampling from p would give. p and q must both already be
+shaped by the request's temperature / top-k / top-p (see `sampling.logits_to_probs`).
+Under greedy decoding p is one-hot at the argmax, which turns the same rule into
+"accept while the draft equals the target's argmax".
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def rejection_sample(
+    draft_token_ids: torch.Tensor,  # [k] long
+    draft_probs: torch.Tensor | None,  # [k, V] q, or None for one-hot drafts
+    target_probs: torch.Tensor,  # [k + 1, V] p; row k is the bonus position
+    generator: torch.Generator,
+) -> tuple[int, list[int]]:
+    """Returns (accepted count n in 0..k, emitted tokens: the n accepted drafts plus
+    one recovered or bonus token)."""
+    k = draft_token_ids.shape[0]
+    if target_probs.shape[0] != k + 1:
+        raise ValueError(f"target_probs has {target_probs.shape[0]} rows, expected k + 1 = {k + 1}")
+    idx = torch.arange(k, device=target_probs.device)
+    p_x = target_probs[idx, draft_token_ids]  # [k]
+    q_x = draft_probs[idx, draft_token_ids] if draft_probs is not None else torch.ones_like(p_x)
+    u = torch.rand(k, generator=generator, device=target_probs.device)
+    # u < p/q written without the division; strict so that p(x) = 0 never accepts.
+    accept = (u * q_x) < p_x  # [k]
+    rejected = (~accept).nonzero()
+    n = int(rejected[0]) if rejected.numel() else k
+    emitted = draft_token_ids[:n].tolist()
+    if n == k:
+        last = target_probs[k]  # bonus
+    else:
+        p = target_probs[n]
+        if draft_probs is not None:
+            residual = (p - draft_probs[n]).clamp_min(0)
+        else:
+            residual = p.clone()
+            residual[draft_token_ids[n]] = 0
+        total = residual.sum()
+        # Rejection implies p(x) < q(x) somewhere, so the residual has mass; the
+        # fallback only guards floating-point round-off.
+        last = residual / total if total > 0 else p
+    emitted.append(int(torch.multinomial(last, 1, generator=generator)))
+    return n, emitted

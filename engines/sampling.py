@@ -1,0 +1,64 @@
+"""Turning logits into the distribution a request samples from.
+
+The same shaping (temperature, then top-k, then top-p) is applied to the target's
+and the draft's logits, so that speculative sampling reproduces exactly the
+distribution plain sampling would draw from.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engines.api import InvalidRequest, SamplingParams
+
+
+def validate_sampling(p: SamplingParams, max_new_tokens_allowed: int) -> None:
+    """Raise InvalidRequest naming the first bad field."""
+    if not isinstance(p.max_tokens, int) or p.max_tokens <= 0:
+        raise InvalidRequest("max_tokens", f"must be a positive integer, got {p.max_tokens!r}")
+    if p.max_tokens > max_new_tokens_allowed:
+        raise InvalidRequest(
+            "max_tokens",
+            f"{p.max_tokens} does not fit in the context window "
+            f"({max_new_tokens_allowed} tokens left after the prompt)",
+        )
+    if not (p.temperature >= 0) or p.temperature > 100:  # also rejects NaN
+        raise InvalidRequest("temperature", f"must be in [0, 100], got {p.temperature!r}")
+    if not (0 < p.top_p <= 1):
+        raise InvalidRequest("top_p", f"must be in (0, 1], got {p.top_p!r}")
+    if not isinstance(p.top_k, int) or p.top_k < 0:
+        raise InvalidRequest("top_k", f"must be an integer >= 0 (0 disables it), got {p.top_k!r}")
+    if p.seed is not None and not (0 <= p.seed < 2**63):
+        raise InvalidRequest("seed", f"must be in [0, 2^63), got {p.seed!r}")
+    if len(p.stop) > 16 or any((not s) or len(s) > 256 for s in p.stop):
+        raise InvalidRequest("stop", "at most 16 non-empty stop strings of at most 256 characters")
+
+
+def logits_to_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """logits [N, V] -> probs [N, V] float32. Greedy (temperature 0) gives one-hot argmax
+    rows, which makes the rejection sampler exact for greedy too."""
+    logits = logits.float()
+    if p.temperature == 0:
+        probs = torch.zeros_like(logits)
+        probs.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+        return probs
+    logits = logits / p.temperature
+    vocab = logits.shape[-1]
+    if 0 < p.top_k < vocab:
+        kth = torch.topk(logits, p.top_k, dim=-1).values[..., -1:]  # [N, 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if p.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(dim=-1)
+        # Drop a token when the tokens strictly before it already cover top_p;
+        # the most likely token always stays.
+        before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        drop_sorted = before >= p.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.softmax(dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """probs [N, V] -> token ids [N]."""
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
