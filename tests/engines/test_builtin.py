@@ -1,0 +1,168 @@
+"""The built-in engine end to end on a tiny model: validation, streaming, seeds, cancel."""
+
+import threading
+import time
+
+import pytest
+import torch
+
+from engines.api import (
+    Arm, Cancelled, ChatMessage, GenerationRequest, InvalidRequest, Overloaded, SamplingParams,
+    TokenizerMismatch,
+)
+from engines.builtin import BuiltinEngine
+from engines.config import EngineConfig, LayerDraftConfig, NgramDraftConfig
+from engines.llama import LlamaModel
+from engines.loading import check_tokenizers_match
+from engines.proposers import ModelDraftProposer, NgramProposer
+from tests.engines.tiny import WORDS, tiny_loaded, tiny_tokenizer
+
+CONFIG = EngineConfig(drafts=[NgramDraftConfig(), LayerDraftConfig(name="half", first_k=2)],
+                      gamma_max=6, max_queue=4)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    target = tiny_loaded(scale=4.0)
+    sub = LlamaModel(target.model.cfg, target.model.weights, [0, 1])
+    drafts = {"ngram": lambda cap: NgramProposer(1, 3), "half": lambda cap: ModelDraftProposer(sub, cap)}
+    eng = BuiltinEngine(target, drafts, CONFIG.model_copy(update={"target": CONFIG.target.model_copy(update={"max_context": 64})}))
+    yield eng
+    eng.close()
+
+
+def req(arm="plain", prompt="hello world the cat", **sampling):
+    return GenerationRequest(request_id="r", prompt=prompt, arm=Arm.parse(arm),
+                             sampling=SamplingParams(**{"max_tokens": 12, **sampling}))
+
+
+def test_streamed_deltas_add_up_to_the_result(engine):
+    h = engine.submit(req("ngram:4"))
+    text = "".join(d.text for d in h)
+    res = h.result()
+    assert text == res.text and res.stats.output_tokens == len(res.token_ids) > 0
+    assert res.stats.arm == "ngram:4" and res.stats.finish_reason in ("length", "stop")
+    assert res.stats.ttft_s > 0 and res.stats.total_s >= res.stats.ttft_s
+
+
+@pytest.mark.parametrize("arm", ["ngram:1", "ngram:6", "half:2", "half:5"])
+def test_every_arm_gives_plain_greedy_output(engine, arm):
+    assert engine.generate(req(arm)).token_ids == engine.generate(req("plain")).token_ids
+
+
+def test_chat_messages_go_through_a_template(engine):
+    r = GenerationRequest(request_id="c", messages=(ChatMessage("user", "hello world"),),
+                          sampling=SamplingParams(max_tokens=4))
+    assert engine.generate(r).stats.prompt_tokens >= 2
+
+
+def test_seeded_sampling_is_reproducible(engine):
+    a = engine.generate(req("half:3", temperature=1.0, seed=11))
+    b = engine.generate(req("half:3", temperature=1.0, seed=11))
+    assert a.token_ids == b.token_ids and a.stats.seed == 11
+    unseeded = engine.generate(req("plain", temperature=1.0))
+    assert unseeded.stats.seed >= 0  # a fresh seed is drawn and reported
+
+
+def test_stop_string_ends_generation(engine):
+    full = engine.generate(req("plain", max_tokens=12))
+    words = full.text.split()
+    assert len(words) >= 3
+    stop = words[2]
+    res = engine.generate(req("ngram:3", max_tokens=12, stop=(stop,)))
+    assert res.stats.finish_reason == "stop" and stop not in res.text
+    assert full.text.startswith(res.text)
+
+
+@pytest.mark.parametrize("field,request_", [
+    ("prompt", GenerationRequest(request_id="x", prompt="")),
+    ("prompt", GenerationRequest(request_id="x")),
+    ("max_tokens", req(max_tokens=0)),
+    ("max_tokens", req(max_tokens=500)),  # beyond the 64-token context
+    ("temperature", req(temperature=-1)),
+    ("top_p", req(top_p=0)),
+    ("top_k", req(top_k=-2)),
+    ("arm.gamma", req("ngram:7")),
+    ("arm.gamma", req("ngram:0")),
+    ("arm.draft", req("eagle:3")),
+    ("messages[0].role", GenerationRequest(request_id="x", messages=(ChatMessage("wizard", "hi"),))),
+    ("prompt", req(prompt=" ".join(["hello"] * 80))),  # no room left in the context
+])
+def test_bad_input_names_the_field(engine, field, request_):
+    with pytest.raises(InvalidRequest) as e:
+        engine.submit(request_)
+    assert e.value.field == field
+    assert engine.generate(req()).stats.output_tokens > 0  # the engine still serves
+
+
+def test_cancel_while_queued_and_overload():
+    target = tiny_loaded()
+    gate = threading.Event()
+
+    class Blocking:  # holds the worker inside a request until released
+        def propose(self, context, gamma, sampling, generator):
+            gate.wait(10)
+            return NgramProposer().propose(context, gamma, sampling, generator)
+
+        def observe(self, n):
+            pass
+
+    eng = BuiltinEngine(target, {"block": lambda cap: Blocking()}, CONFIG)
+    try:
+        first = eng.submit(req("block:1", max_tokens=3))
+        deadline = time.monotonic() + 10
+        while eng.load().running == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the worker has taken it off the queue
+        queued = [eng.submit(req()) for _ in range(4)]  # max_queue = 4
+        with pytest.raises(Overloaded):
+            eng.submit(req())
+        queued[0].cancel()
+        assert eng.load().waiting == 4 and eng.load().running == 1
+        gate.set()
+        assert first.result(10).stats.output_tokens == 3
+        with pytest.raises(Cancelled):
+            queued[0].result(10)
+        for h in queued[1:]:
+            assert h.result(10).stats.output_tokens > 0
+    finally:
+        gate.set()
+        eng.close()
+
+
+def test_cancel_while_running_stops_early():
+    target = tiny_loaded()
+    eng = BuiltinEngine(target, {}, CONFIG)
+    try:
+        h = eng.submit(req(max_tokens=40, ignore_eos=True))
+        for _ in h:
+            h.cancel()
+        res = h.result(10)
+        assert res.stats.finish_reason == "cancelled" and res.stats.output_tokens < 40
+    finally:
+        eng.close()
+
+
+def test_a_failing_request_does_not_kill_the_engine():
+    target = tiny_loaded()
+
+    class Broken:
+        def propose(self, *a):
+            raise RuntimeError("boom")
+
+        def observe(self, n):
+            pass
+
+    eng = BuiltinEngine(target, {"broken": lambda cap: Broken()}, CONFIG)
+    try:
+        with pytest.raises(Exception, match="internal error"):
+            eng.generate(req("broken:2"))
+        assert eng.generate(req()).stats.output_tokens > 0
+    finally:
+        eng.close()
+
+
+def test_tokenizer_mismatch_names_the_first_differing_token():
+    other = tiny_tokenizer(WORDS[:5] + ["dog"] + WORDS[6:])
+    with pytest.raises(TokenizerMismatch, match=r"token id 5 is 'w3' for the target and 'dog'"):
+        check_tokenizers_match(tiny_tokenizer(), other, "d")
+    check_tokenizers_match(tiny_tokenizer(), tiny_tokenizer(), "same")  # no error
