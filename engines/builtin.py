@@ -1,8 +1,15 @@
-"""The built-in engine: torch models in this process, one worker thread.
+"""The built-in engine: torch models in this process, one decode loop.
 
 Requests are validated and tokenized on the caller's thread (so bad input fails
-fast and never reaches the worker), queued FIFO, and decoded one at a time by
-the worker, which streams deltas back through each request's handle.
+fast and never reaches the loop), queued FIFO, and decoded one at a time by the
+loop, which streams deltas back through each request's handle.
+
+Where the loop runs matters on CPU: oneDNN's OpenMP matmuls ran ~1.6x slower
+when called from a secondary Python thread than from the process's main thread
+(SmolLM2 decode step 88 ms vs 52 ms on the 2-core machine; the dense BLAS path
+is ~80 ms on either). Servers therefore run `serve_forever()` on the main thread
+and do their I/O on other threads; `start_worker=True` (tests, scripts) runs the
+loop on a thread of its own.
 """
 
 from __future__ import annotations
@@ -95,7 +102,8 @@ class _Load:
 
 
 class BuiltinEngine:
-    def __init__(self, target: LoadedModel, drafts: dict[str, ProposerFactory], config: EngineConfig):
+    def __init__(self, target: LoadedModel, drafts: dict[str, ProposerFactory], config: EngineConfig,
+                 start_worker: bool = True):
         self.target = target
         self.model = target.model
         self.tokenizer = target.tokenizer
@@ -107,12 +115,14 @@ class BuiltinEngine:
         self._queue: queue.Queue[BuiltinHandle | None] = queue.Queue()
         self._load = _Load()
         self._closed = False
-        self._worker = threading.Thread(target=self._run, name="specgate-engine", daemon=True)
-        self._worker.start()
+        self._worker: threading.Thread | None = None
+        if start_worker:
+            self._worker = threading.Thread(target=self.serve_forever, name="specgate-engine", daemon=True)
+            self._worker.start()
 
     # construction
     @classmethod
-    def from_config(cls, config: EngineConfig) -> "BuiltinEngine":
+    def from_config(cls, config: EngineConfig, start_worker: bool = True) -> "BuiltinEngine":
         t = config.target
         if t.threads:
             torch.set_num_threads(t.threads)
@@ -124,7 +134,7 @@ class BuiltinEngine:
         drafts = build_drafts(config, target, cache_dir)
         if _should_pack(t):
             pack_for_cpu(target.model.weights)  # layer drafts share this LlamaWeights object
-        return cls(target, drafts, config)
+        return cls(target, drafts, config, start_worker)
 
     # Engine protocol
     def arms(self) -> ArmInfo:
@@ -168,12 +178,15 @@ class BuiltinEngine:
         return self.submit(request).result()
 
     def close(self) -> None:
+        """Stop taking requests; the loop finishes what is queued, then returns."""
         self._closed = True
         self._queue.put(None)
-        self._worker.join(timeout=30)
+        if self._worker is not None and self._worker is not threading.current_thread():
+            self._worker.join(timeout=30)
 
-    # worker
-    def _run(self) -> None:
+    # the decode loop
+    def serve_forever(self) -> None:
+        """Run the decode loop on the calling thread until close()."""
         while True:
             handle = self._queue.get()
             if handle is None:
@@ -241,6 +254,28 @@ class BuiltinEngine:
         stats.output_tokens = len(out_ids)
         stats.finish_reason = finish
         return GenerationResult(req.request_id, text.text, tuple(out_ids), stats)
+
+
+def drive_from_side_thread(engine: BuiltinEngine, fn: Callable[[], object]) -> object:
+    """Run `fn` on a second thread while the engine's decode loop runs on this
+    (main) thread; close the engine when `fn` ends and return its result."""
+    outcome: dict = {}
+
+    def drive():
+        try:
+            outcome["value"] = fn()
+        except BaseException as e:  # re-raised on the calling thread
+            outcome["error"] = e
+        finally:
+            engine.close()
+
+    driver = threading.Thread(target=drive, name="specgate-driver")
+    driver.start()
+    engine.serve_forever()
+    driver.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def _should_pack(t) -> bool:

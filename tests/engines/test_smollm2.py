@@ -51,7 +51,7 @@ def test_greedy_arms_equal_plain_on_dev_prompts(engine, specbench_rows, category
     plain = run("plain")
     prompt_ids = engine.submit(GenerationRequest(request_id="p", messages=messages,
                                                  sampling=SamplingParams(max_tokens=1))).prompt_ids
-    for arm in ["ngram:2", "ngram:8", "early8:4"]:
+    for arm in ["ngram:2", "ngram:8", "selfspec:4"]:
         out = run(arm)
         a, b = list(plain.token_ids), list(out.token_ids)
         if a == b:

@@ -1,0 +1,126 @@
+"""The decision: which arm serves a request, and why. A pure function: same
+features, rules, model and rng state give the same decision."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from engines.api import Arm, ArmInfo, InvalidRequest
+from policy.features import RequestFeatures
+from policy.model import PolicyModel, prior_model
+from policy.rules import RuleSet, Then
+
+SOURCES = ("rule", "policy", "exploration", "fallback", "request")
+
+
+@dataclass(frozen=True)
+class Decision:
+    arm: Arm
+    source: str  # one of SOURCES
+    rule: str | None  # the matched rule's name (None: the default action)
+    policy_version: str
+    rules_version: str
+    predicted_speedup: dict[str, float] = field(default_factory=dict)  # every arm considered
+    propensity: float = 1.0  # probability that this arm was chosen, for offline evaluation
+    explored: bool = False
+    reason: str = ""
+
+    def to_dict(self) -> dict:
+        return dict(arm=self.arm.name, draft=self.arm.draft, gamma=self.arm.gamma, source=self.source,
+                    rule=self.rule, policy_version=self.policy_version, rules_version=self.rules_version,
+                    predicted_speedup=self.predicted_speedup, propensity=self.propensity,
+                    explored=self.explored, reason=self.reason)
+
+
+def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None, rng: random.Random,
+           arms: ArmInfo) -> Decision:
+    """Pick the arm for one request among those `arms` (what the engines serve)
+    and the matching rule allow."""
+    model = model or prior_model()
+    rule, then, _ = rules.match(features)
+    rule_name = rule.name if rule else None
+    where = f"rule {rule_name!r}" if rule else "default rules"
+    base = dict(rule=rule_name, policy_version=model.version, rules_version=rules.digest)
+
+    if then.force is not None:
+        arm = Arm.parse(then.force)
+        if not arms.allows(arm):
+            return Decision(Arm(), "fallback", reason=f"{where} forces {arm.name}, which no engine serves: plain", **base)
+        return Decision(arm, "rule", reason=f"{where} forces {arm.name}", **base)
+
+    guarded = _guarded_drafts(features, then, rng)
+    candidates = _allowed_arms(arms, then, guarded)
+
+    requested = _parse_requested(features.requested_arm)
+    if requested is not None and then.allow_requested_arm and requested in candidates:
+        return Decision(requested, "request", reason=f"requested arm {requested.name}, allowed by {where}", **base)
+
+    if len(candidates) == 1:
+        why = f"guard tripped for {sorted(guarded)}" if guarded else (
+            "no draft is served" if not arms.drafts else f"{where} allows no draft")
+        return Decision(Arm(), "fallback" if not arms.drafts else "rule", reason=f"plain: {why}", **base)
+
+    speed = {"plain": 1.0}
+    by_draft: dict[str, list[int]] = {}
+    for a in candidates[1:]:
+        by_draft.setdefault(a.draft, []).append(a.gamma)
+    for d, gammas in by_draft.items():
+        for g, s in zip(gammas, model.speedups(features, d, gammas)):
+            speed[f"{d}:{g}"] = round(s, 4)
+    # ties go to the earlier (cheaper) candidate: plain, then smaller γ
+    best = max(candidates, key=lambda a: (speed[a.name], -candidates.index(a)))
+
+    eps = then.explore if then.explore is not None else model.explore
+    n = len(candidates)
+    if rng.random() < eps:
+        chosen = candidates[rng.randrange(n)]
+    else:
+        chosen = best
+    propensity = (1 - eps) * (chosen == best) + eps / n
+    explored = chosen != best
+    ctx = (f"{features.category}, T={features.temperature:g}, ~{features.expected_output_tokens} tokens, "
+           f"load {features.load}")
+    if explored:
+        reason = (f"exploring {chosen.name} ({speed[chosen.name]:.2f}x predicted) instead of {best.name} "
+                  f"({speed[best.name]:.2f}x) for {ctx}")
+    else:
+        reason = f"{best.name} predicted {speed[best.name]:.2f}x over plain for {ctx}"
+    if rule is not None:
+        reason += f"; within {where}"
+    if guarded:
+        reason += f"; guard excluded {sorted(guarded)}"
+    return Decision(chosen, "exploration" if explored else "policy", predicted_speedup=speed,
+                    propensity=round(propensity, 6), explored=explored, reason=reason, **base)
+
+
+def _guarded_drafts(f: RequestFeatures, then: Then, rng: random.Random) -> set[str]:
+    g = then.guard
+    if g is None:
+        return set()
+    low = {d for d, (alpha, n) in f.rolling_acceptance.items()
+           if n >= g.min_samples and alpha < g.min_acceptance and (g.drafts is None or d in g.drafts)}
+    # one draw per decision, taken whether or not a draft is low, so that the
+    # rng sequence (and thus the decision) does not depend on telemetry order
+    reprobe = rng.random() < g.reprobe
+    return set() if reprobe else low
+
+
+def _allowed_arms(arms: ArmInfo, then: Then, guarded: set[str]) -> list[Arm]:
+    lo, hi = arms.gamma_min, arms.gamma_max
+    if then.gamma is not None:
+        lo, hi = max(lo, then.gamma.min), min(hi, then.gamma.max)
+    out = [Arm()]
+    for d in arms.drafts:
+        if (then.drafts is None or d in then.drafts) and d not in guarded:
+            out.extend(Arm(d, g) for g in range(lo, hi + 1))
+    return out
+
+
+def _parse_requested(text: str | None) -> Arm | None:
+    if not text:
+        return None
+    try:
+        return Arm.parse(text)
+    except InvalidRequest:  # the gateway validates it; here a bad one is just ignored
+        return None

@@ -1,0 +1,132 @@
+"""Fitting the chooser from outcome telemetry, and judging it offline.
+
+An outcome row is a dict (the telemetry record, schema in telemetry/):
+    features        RequestFeatures as a dict (at decision time)
+    arm             "plain" or "DRAFT:GAMMA"
+    propensity      probability the logged policy gave that arm
+    output_tokens, rounds, decode_s (seconds after the first token)
+
+Per row, the effective acceptance is the α for which τ(α, γ) equals the tokens
+per round actually observed (it folds in rounds where nothing was proposed), and
+the round cost is the time per round over the plain step time at that load.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from engines.api import Arm
+from policy.features import RequestFeatures
+from policy.model import (
+    DraftModel, PolicyModel, acceptance_features, cost_features, expected_tokens_per_round, prior_draft,
+)
+
+MIN_ROWS_PER_DRAFT = 30
+
+
+def alpha_from_tokens_per_round(tpr: float, gamma: int) -> float:
+    """Invert τ(α, γ) by bisection (τ rises with α from 1 to γ + 1)."""
+    tpr = min(max(tpr, 1.0), gamma + 1.0)
+    lo, hi = 0.0, 1.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if expected_tokens_per_round(mid, gamma) < tpr:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def _features(row: dict) -> RequestFeatures:
+    f = dict(row["features"])
+    f["rolling_acceptance"] = {}
+    return RequestFeatures(**f)
+
+
+def plain_step_model(rows: list[dict]) -> np.ndarray:
+    """Seconds per plain decode step as a + b · load, from plain rows."""
+    x, y, w = [], [], []
+    for r in rows:
+        if r["arm"] == "plain" and r["output_tokens"] > 1 and r["decode_s"] > 0:
+            load = min(r["features"].get("running", 0) + r["features"].get("waiting", 0), 64)
+            x.append([1.0, load])
+            y.append(r["decode_s"] / (r["output_tokens"] - 1))
+            w.append(r["output_tokens"])
+    if len(x) < 3:
+        return np.array([float(np.median(y)) if y else 0.05, 0.0])
+    return _wls(np.array(x), np.array(y), np.array(w), ridge=1e-6)
+
+
+def _wls(x: np.ndarray, y: np.ndarray, w: np.ndarray, ridge: float = 1e-3) -> np.ndarray:
+    """Weighted least squares with a small ridge (the features are few and well scaled)."""
+    sw = np.sqrt(w / w.mean())[:, None]
+    a, b = x * sw, y * sw[:, 0]
+    return np.linalg.solve(a.T @ a + ridge * np.eye(x.shape[1]), a.T @ b)
+
+
+def fit(rows: list[dict], version: str | None = None, explore: float = 0.05) -> PolicyModel:
+    t0 = time.perf_counter()
+    step = plain_step_model(rows)
+    by_draft: dict[str, list[tuple[RequestFeatures, int, float, float, int]]] = defaultdict(list)
+    for r in rows:
+        if r["arm"] == "plain" or r["rounds"] <= 0 or r["decode_s"] <= 0:
+            continue
+        arm = Arm.parse(r["arm"])
+        f = _features(r)
+        tpr = (r["output_tokens"] - 1) / r["rounds"]  # the first token comes from the prefill
+        plain_step = max(float(step @ [1.0, min(f.load, 64)]), 1e-6)
+        cost = (r["decode_s"] / r["rounds"]) / plain_step
+        by_draft[arm.draft].append((f, arm.gamma, alpha_from_tokens_per_round(tpr, arm.gamma), cost, r["rounds"]))
+
+    drafts = {}
+    for name, items in by_draft.items():
+        if len(items) < MIN_ROWS_PER_DRAFT:
+            continue
+        prior = prior_draft("ngram" if name.startswith("ngram") else "model")
+        x = np.array([np.append(acceptance_features(f), 1.0) for f, *_ in items])
+        alpha = np.clip([a for _, _, a, _, _ in items], 0.02, 0.98)
+        w = np.array([n for *_, n in items], dtype=np.float64)
+        accept = _wls(x, np.log(alpha / (1 - alpha)), w, ridge=0.3)
+        xc = np.array([cost_features(g, f.load) for f, g, *_ in items])
+        cost = _wls(xc, np.array([c for _, _, _, c, _ in items]), w, ridge=1e-3)
+        drafts[name] = DraftModel(accept.tolist(), cost.tolist(), prior.overhead_steps,
+                                  prior.overhead_per_prompt_token, int(w.sum()))
+    lengths: dict[str, list[int]] = defaultdict(list)
+    for r in rows:
+        lengths[r["features"]["category"]].append(r["output_tokens"])
+    typical = {c: float(np.median(v)) for c, v in lengths.items() if len(v) >= 10}
+    model = PolicyModel(version or time.strftime("v%Y%m%d-%H%M%S"), drafts, explore, output_tokens=typical)
+    model.metrics = dict(rows=len(rows), fit_s=round(time.perf_counter() - t0, 3),
+                         plain_step_s=[round(float(v), 6) for v in step])
+    return model
+
+
+def observed_speed(row: dict, step: np.ndarray) -> float:
+    """A row's speed relative to plain at its load: plain step time x tokens / time."""
+    load = min(row["features"].get("running", 0) + row["features"].get("waiting", 0), 64)
+    plain_step = max(float(step @ [1.0, load]), 1e-6)
+    return plain_step * max(row["output_tokens"] - 1, 1) / max(row["decode_s"], 1e-9)
+
+
+def greedy_arm(model: PolicyModel, f: RequestFeatures, arms: list[Arm]) -> Arm:
+    """The arm the model ranks first (ties to the earlier, cheaper arm)."""
+    return max(arms, key=lambda a: (model.speedup(f, a.draft, a.gamma), -arms.index(a)))
+
+
+def offline_value(model: PolicyModel, rows: list[dict], arms: list[Arm],
+                  step: np.ndarray | None = None) -> float | None:
+    """Self-normalised inverse-propensity estimate of the mean relative speed the
+    model's greedy choice among `arms` would have had on the logged rows.
+    None when no logged arm agrees with the model's choice (no overlap)."""
+    step = plain_step_model(rows) if step is None else step
+    num = den = 0.0
+    for r in rows:
+        p = r.get("propensity") or 0.0
+        if p <= 0 or greedy_arm(model, _features(r), arms) != Arm.parse(r["arm"]):
+            continue
+        num += observed_speed(r, step) / p
+        den += 1.0 / p
+    return num / den if den > 0 else None

@@ -1,0 +1,109 @@
+"""Invariants of decide(): rules win, excluded arms never chosen, determinism."""
+
+import random
+
+from hypothesis import given, settings, strategies as st
+
+from engines.api import Arm, ArmInfo
+from policy.decide import SOURCES, decide
+from policy.features import RequestFeatures
+from policy.model import prior_model
+from policy.rules import CATEGORIES, parse_rules
+
+ARMS = ArmInfo(("ngram", "selfspec"), 1, 8)
+
+features_st = st.builds(
+    RequestFeatures,
+    category=st.sampled_from(CATEGORIES),
+    temperature=st.floats(0, 2),
+    top_p=st.floats(0.05, 1),
+    prompt_tokens=st.integers(1, 8000),
+    expected_output_tokens=st.integers(1, 2048),
+    copy_signal=st.floats(0, 1),
+    running=st.integers(0, 64),
+    waiting=st.integers(0, 64),
+    tenant=st.sampled_from(["", "acme", "bench"]),
+    requested_arm=st.sampled_from([None, "plain", "ngram:4", "selfspec:2", "ngram:9", "junk"]),
+    rolling_acceptance=st.dictionaries(st.sampled_from(["ngram", "selfspec"]),
+                                       st.tuples(st.floats(0, 1), st.integers(0, 100))),
+)
+
+RESTRICTIVE = parse_rules("""
+rules:
+  - name: force-hot
+    when: {temperature: {gt: 1.5}}
+    then: {force: "ngram:3"}
+  - name: code-small
+    when: {category: [code]}
+    then: {drafts: [ngram], gamma: {min: 2, max: 3}, explore: 0.5}
+default:
+  drafts: [selfspec]
+  gamma: {max: 4}
+  explore: 0.3
+  guard: {min_acceptance: 0.55, min_samples: 10, reprobe: 0.0}
+""")
+
+
+@settings(max_examples=400, deadline=None)
+@given(f=features_st, seed=st.integers(0, 2**32))
+def test_decision_respects_rules_and_is_deterministic(f, seed):
+    d = decide(f, RESTRICTIVE, prior_model(), random.Random(seed), ARMS)
+    again = decide(f, RESTRICTIVE, prior_model(), random.Random(seed), ARMS)
+    assert d == again  # same rng seed, same decision
+    assert d.source in SOURCES and 0 < d.propensity <= 1 and d.reason
+    assert ARMS.allows(d.arm)
+    if f.temperature > 1.5:
+        assert d.arm == Arm("ngram", 3) and d.source == "rule"  # rules always win
+        return
+    if f.category == "code":
+        assert d.arm.is_plain or (d.arm.draft == "ngram" and 2 <= d.arm.gamma <= 3)
+    else:
+        assert d.arm.is_plain or (d.arm.draft == "selfspec" and d.arm.gamma <= 4)
+        alpha, n = f.rolling_acceptance.get("selfspec", (1.0, 0))
+        if n >= 10 and alpha < 0.55:
+            assert d.arm.is_plain  # guard tripped, reprobe share 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(f=features_st, seed=st.integers(0, 2**32))
+def test_exploration_never_leaves_the_allowed_set(f, seed):
+    rules = parse_rules("default: {drafts: [ngram], gamma: {min: 2, max: 2}, explore: 1.0}")
+    d = decide(f, rules, prior_model(), random.Random(seed), ARMS)
+    assert d.arm in (Arm(), Arm("ngram", 2))
+
+
+def test_cold_start_prior_avoids_speculation_when_it_cannot_pay():
+    rules = parse_rules("default: {explore: 0}")
+    base = dict(category="summarization", top_p=1.0, prompt_tokens=900, copy_signal=0.8)
+    d = decide(RequestFeatures(temperature=0, expected_output_tokens=256, **base), rules, None, random.Random(0), ARMS)
+    assert d.arm.draft == "ngram" and d.source == "policy"  # copy-heavy, greedy, idle engine
+    for f in (
+        RequestFeatures(temperature=1.0, expected_output_tokens=256, **base),  # hot sampling
+        RequestFeatures(temperature=0, expected_output_tokens=256, running=8, waiting=16, **base),  # high load
+        RequestFeatures(temperature=0, expected_output_tokens=3, **base),  # short output
+    ):
+        assert decide(f, rules, None, random.Random(0), ARMS).arm.is_plain, f
+
+
+def test_requested_arm_is_honoured_only_when_allowed():
+    f = RequestFeatures("chat", 0, 1, 10, 100, 0.1, requested_arm="ngram:5")
+    allow = parse_rules("default: {explore: 0}")
+    deny = parse_rules("default: {drafts: [selfspec], explore: 0}")
+    assert decide(f, allow, None, random.Random(0), ARMS).arm == Arm("ngram", 5)
+    assert decide(f, deny, None, random.Random(0), ARMS).arm != Arm("ngram", 5)
+
+
+def test_propensities_of_all_arms_sum_to_one():
+    f = RequestFeatures("summarization", 0, 1, 900, 200, 0.8)
+    rules = parse_rules("default: {drafts: [ngram], gamma: {min: 1, max: 3}, explore: 0.2}")
+    seen = {}
+    for seed in range(3000):
+        d = decide(f, rules, None, random.Random(seed), ARMS)
+        seen[d.arm] = d.propensity
+    assert len(seen) == 4 and abs(sum(seen.values()) - 1) < 1e-6
+
+
+def test_force_of_an_arm_no_engine_serves_falls_back_to_plain():
+    rules = parse_rules("default: {force: 'eagle:3'}")
+    d = decide(RequestFeatures("chat", 0, 1, 10, 100, 0.1), rules, None, random.Random(0), ARMS)
+    assert d.arm.is_plain and d.source == "fallback" and "eagle:3" in d.reason

@@ -1,0 +1,120 @@
+"""Learning from synthetic telemetry whose best arm depends on category,
+temperature and load."""
+
+import random
+
+import numpy as np
+import pytest
+
+from engines.api import Arm, ArmInfo
+from policy.features import RequestFeatures
+from policy.model import PolicyModel, expected_tokens_per_round, prior_model
+from policy.train import alpha_from_tokens_per_round, fit, greedy_arm, offline_value
+
+ARMS = ArmInfo(("ngram", "draft"), 1, 8).all_arms()
+# true per-token acceptance at T = 0
+BASE_ALPHA = {
+    "ngram": {"summarization": 0.85, "rag": 0.75, "code": 0.45, "translation": 0.3, "chat": 0.1, "qa": 0.15, "math": 0.35},
+    "draft": {"summarization": 0.6, "rag": 0.55, "code": 0.75, "translation": 0.8, "chat": 0.6, "qa": 0.55, "math": 0.7},
+}
+COPY = {"summarization": 0.8, "rag": 0.7, "code": 0.3, "translation": 0.4, "chat": 0.1, "qa": 0.1, "math": 0.2}
+DRAFT_COST = {"ngram": 0.03, "draft": 0.25}  # plain steps per drafted token
+LOAD_COST = 0.02  # per drafted token per request in the engine
+
+
+def true_alpha(draft, f):
+    return BASE_ALPHA[draft][f.category] * (1 - 0.6 * min(f.temperature, 1.0))
+
+
+def true_cost(draft, gamma, load):
+    return 1 + DRAFT_COST[draft] * gamma + LOAD_COST * gamma * load
+
+
+def true_speedup(arm, f):
+    if arm.is_plain:
+        return 1.0
+    return expected_tokens_per_round(true_alpha(arm.draft, f), arm.gamma) / true_cost(arm.draft, arm.gamma, f.load)
+
+
+def context(rng):
+    cat = rng.choice(list(COPY))
+    return RequestFeatures(category=cat, temperature=rng.choice([0.0, 0.0, 0.7, 1.0]), top_p=1.0,
+                           prompt_tokens=rng.randint(20, 1500), expected_output_tokens=200,
+                           copy_signal=COPY[cat], running=1, waiting=rng.choice([0, 0, 1, 3, 7, 15, 31]))
+
+
+def simulate(n, seed):
+    """Uniformly random arms (propensity 1/|arms|), noisy outcomes."""
+    rng = random.Random(seed)
+    nrng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(n):
+        f = context(rng)
+        arm = rng.choice(ARMS)
+        out = 200
+        step = 0.05 * (1 + 0.03 * f.load) * nrng.lognormal(0, 0.05)
+        if arm.is_plain:
+            rounds, secs = out - 1, (out - 1) * step
+        else:
+            tau = expected_tokens_per_round(true_alpha(arm.draft, f), arm.gamma) * nrng.lognormal(0, 0.08)
+            rounds = max(1, round((out - 1) / tau))
+            secs = rounds * true_cost(arm.draft, arm.gamma, f.load) * step
+        rows.append(dict(features=f.to_dict(), arm=arm.name, propensity=1 / len(ARMS),
+                         output_tokens=out, rounds=rounds, decode_s=secs))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def trained():
+    return fit(simulate(6000, seed=1), version="test")
+
+
+def test_alpha_inversion_roundtrips():
+    for a in (0.0, 0.3, 0.77, 0.95):
+        for g in (1, 4, 8):
+            assert alpha_from_tokens_per_round(expected_tokens_per_round(a, g), g) == pytest.approx(a, abs=1e-6)
+
+
+def test_trained_chooser_picks_the_best_arm_in_90_percent_of_held_out_contexts(trained):
+    rng = random.Random(99)
+    held_out = [context(rng) for _ in range(500)]
+    hits = 0
+    for f in held_out:
+        best = max(true_speedup(a, f) for a in ARMS)
+        chosen = greedy_arm(trained, f, ARMS)
+        # neighbouring γ can be within noise of each other; 2% counts as the best
+        hits += true_speedup(chosen, f) >= 0.98 * best
+    assert hits / len(held_out) >= 0.9, f"best arm in only {hits / len(held_out):.0%} of contexts"
+
+
+def test_trained_chooser_beats_every_fixed_arm(trained):
+    rng = random.Random(7)
+    held_out = [context(rng) for _ in range(400)]
+    adaptive = np.mean([true_speedup(greedy_arm(trained, f, ARMS), f) for f in held_out])
+    for arm in ARMS:
+        fixed = np.mean([true_speedup(arm, f) for f in held_out])
+        assert adaptive > fixed, f"fixed {arm.name} ({fixed:.3f}) >= adaptive ({adaptive:.3f})"
+
+
+def test_offline_evaluation_ranks_the_trained_model_above_the_prior(trained):
+    logged = simulate(3000, seed=5)
+    assert offline_value(trained, logged, ARMS) > offline_value(prior_model(), logged, ARMS)
+
+
+def test_model_roundtrips_through_json_and_refuses_garbage(trained):
+    again = PolicyModel.from_json(trained.to_json())
+    f = context(random.Random(3))
+    assert again.speedup(f, "ngram", 4) == trained.speedup(f, "ngram", 4)
+    with pytest.raises(ValueError):
+        PolicyModel.from_json('{"format": "something-else"}')
+    broken = trained.to_json().replace('"accept_coef": [', '"accept_coef": [1.0, ', 1)
+    with pytest.raises(ValueError, match="shapes"):
+        PolicyModel.from_json(broken)
+
+
+def test_drafts_with_too_little_telemetry_keep_the_prior():
+    rows = [r for r in simulate(400, seed=2) if not r["arm"].startswith("draft")][:200]
+    model = fit(rows)
+    assert "draft" not in model.drafts
+    f = context(random.Random(1))
+    assert model.speedup(f, "draft", 3) == prior_model().speedup(f, "draft", 3)
