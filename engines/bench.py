@@ -213,9 +213,13 @@ def _load_yaml(path: str) -> dict:
     return yaml.safe_load(Path(path).read_text()) or {}
 
 
+def default_data_path() -> Path:
+    """shared/data beside the checkout (where CI and the dev machines put it)."""
+    return Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "specbench-dev.jsonl"
+
+
 def add_arguments(p) -> None:
-    default_data = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "specbench-dev.jsonl"
-    p.add_argument("--data", default=str(default_data), help="Spec-Bench JSONL (default: %(default)s)")
+    p.add_argument("--data", default=str(default_data_path()), help="Spec-Bench JSONL (default: %(default)s)")
     p.add_argument("--config", help="engine config YAML (default: built-in SmolLM2 config)")
     p.add_argument("--per-category", type=int, default=1, help="prompts per category (default: %(default)s)")
     p.add_argument("--categories", nargs="*", help="only these categories")

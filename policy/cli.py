@@ -34,6 +34,14 @@ def add_commands(sub) -> None:
     t.add_argument("--out", help="where to write the classifier JSON (default: the bundled one)")
     t.set_defaults(func=cmd_train_classifier)
 
+    from engines.bench import default_data_path
+
+    b = sub.add_parser("bench-policy", help="decision latency (features with classifier, plus decide)")
+    b.add_argument("--data", default=str(default_data_path()), help="Spec-Bench JSONL (default: %(default)s)")
+    b.add_argument("--repeats", type=int, default=20, help="passes over the prompts (default: %(default)s)")
+    b.add_argument("--rules", help="rules file (default: no rules)")
+    b.set_defaults(func=cmd_bench_policy)
+
 
 def cmd_rules_check(args) -> int:
     from policy.rules import RulesError, load_rules
@@ -113,3 +121,9 @@ def cmd_train_classifier(args) -> int:
     clf.save(out)
     print(f"5-fold cross-validated accuracy: {clf.cv_accuracy:.3f}; wrote {out}")
     return 0
+
+
+def cmd_bench_policy(args) -> int:
+    from policy import bench
+
+    return bench.main(args)

@@ -69,7 +69,7 @@ def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None,
         for g, s in zip(gammas, model.speedups(features, d, gammas)):
             speed[f"{d}:{g}"] = round(s, 4)
     # ties go to the earlier (cheaper) candidate: plain, then smaller γ
-    best = max(candidates, key=lambda a: (speed[a.name], -candidates.index(a)))
+    best = candidates[max(range(len(candidates)), key=lambda i: (speed[candidates[i].name], -i))]
 
     eps = then.explore if then.explore is not None else model.explore
     n = len(candidates)

@@ -42,7 +42,8 @@ class RequestFeatures:
 
 def copy_signal(text: str) -> float:
     """0..1 from copy cues and from how much a long prompt gives to copy from."""
-    cues = len(_COPY_CUES.findall(text[:2000])) + len(_COPY_CUES.findall(text[-500:]))
+    head = text if len(text) <= 1500 else text[:1000] + " " + text[-500:]
+    cues = len(_COPY_CUES.findall(head))
     quoted = text.count('"') + text.count("\n") + text.count("“")
     size = min(len(text) / 4000, 1.0)
     return min(1.0, 0.35 * min(cues, 2) + 0.2 * size + 0.1 * min(quoted / 10, 1.0))
