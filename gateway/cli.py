@@ -88,16 +88,22 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON object with text and stats")
     g.set_defaults(func=cmd_engine_generate)
 
+    from gateway import commands
     from policy import cli as policy_cli
 
+    commands.add_commands(sub)
     policy_cli.add_commands(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    from gateway.interceptors import RequestIdFilter
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(RequestIdFilter())  # every line says which request it belongs to
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[handler])
     return args.func(args)
 
 

@@ -1,0 +1,240 @@
+"""`specgate serve`, `specgate engine`, and the client commands `generate`,
+`decide`, `status`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+
+log = logging.getLogger("specgate")
+
+
+def add_commands(sub) -> None:
+    s = sub.add_parser("serve", help="run the gateway (default: built-in engine on SmolLM2, loopback, no keys)")
+    s.add_argument("--config", help="gateway config YAML (see README); flags below override it")
+    s.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:50051)")
+    s.add_argument("--rules", help="operator rules YAML (default: policy/default_rules.yaml)")
+    s.add_argument("--engine", action="append", default=[], metavar="HOST:PORT",
+                   help="a remote engine worker to route to (repeatable)")
+    s.add_argument("--no-embedded-engine", action="store_true", help="route only to --engine workers")
+    s.set_defaults(func=cmd_serve)
+
+    e = sub.add_parser("engine", help="serve a built-in engine to gateways over the internal gRPC API")
+    e.add_argument("--listen", required=True, help="HOST:PORT")
+    e.add_argument("--config", help="engine config YAML (EngineConfig; default: SmolLM2 with ngram and selfspec)")
+    e.add_argument("--id", help="name in gateway status (default: the listen address)")
+    e.set_defaults(func=cmd_engine)
+
+    for name, helptext in (("generate", "call a gateway and print the text, decision and stats"),
+                           ("decide", "ask a gateway which arm it would choose, and why")):
+        c = sub.add_parser(name, help=helptext)
+        c.add_argument("prompt", help="the user message (sent as chat; --raw sends plain text)")
+        c.add_argument("--address", default=os.environ.get("SPECGATE_ADDRESS", "127.0.0.1:50051"),
+                       help="gateway HOST:PORT (default: $SPECGATE_ADDRESS or %(default)s)")
+        c.add_argument("--api-key", default=os.environ.get("SPECGATE_API_KEY"),
+                       help="API key (default: $SPECGATE_API_KEY)")
+        c.add_argument("--raw", action="store_true", help="send prompt text without the chat template")
+        c.add_argument("--max-tokens", type=int)
+        c.add_argument("--temperature", type=float)
+        c.add_argument("--top-p", type=float)
+        c.add_argument("--top-k", type=int)
+        c.add_argument("--seed", type=int)
+        c.add_argument("--stop", action="append", default=[])
+        c.add_argument("--category", default="", help="category hint")
+        c.add_argument("--expected-tokens", type=int, help="expected output length hint")
+        c.add_argument("--arm", default="", help="request an arm (honoured if the rules allow)")
+        c.add_argument("--timeout", type=float, default=600, help="deadline in seconds (default: %(default)s)")
+        c.add_argument("--json", action="store_true", help="print the response as JSON")
+        if name == "generate":
+            c.add_argument("--stream", action="store_true", help="print text as it is generated")
+        c.set_defaults(func=cmd_generate if name == "generate" else cmd_decide)
+
+    st = sub.add_parser("status", help="engines, arms, load and versions of a gateway")
+    st.add_argument("--address", default=os.environ.get("SPECGATE_ADDRESS", "127.0.0.1:50051"))
+    st.add_argument("--api-key", default=os.environ.get("SPECGATE_API_KEY"))
+    st.set_defaults(func=cmd_status)
+
+
+def cmd_serve(args) -> int:
+    from engines.builtin import BuiltinEngine
+    from gateway.config import RemoteEngineConfig, load_gateway_config
+    from gateway.server import build_gateway, create_server, drain, install_sigterm, is_loopback
+
+    config = load_gateway_config(args.config)
+    update = {}
+    if args.listen:
+        update["listen"] = args.listen
+    if args.rules:
+        update["rules"] = args.rules
+    if args.engine:
+        update["remote_engines"] = list(config.remote_engines) + [RemoteEngineConfig(address=a) for a in args.engine]
+    if args.no_embedded_engine:
+        update["embedded_engine"] = False
+    config = config.model_copy(update=update)
+    log.info("config: %s", config.model_dump_json(exclude={"auth"}))
+    engine = BuiltinEngine.from_config(config.engine, start_worker=False) if config.embedded_engine else None
+    service, deps = build_gateway(config, engine)
+    try:
+        server, port, health = create_server(config.listen, deps)
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    server.start()
+    host = config.listen.rsplit(":", 1)[0]
+    print(f"specgate gateway listening on {host}:{port} ({'TLS' if config.tls else 'plaintext'}); "
+          f"engines: {', '.join(e.id for e in service.router.endpoints)}; rules {service.policy.rules.digest}; "
+          f"policy {service.policy.model.version}", flush=True)
+    if not deps.keys.enabled:
+        print("no API keys configured: listening on loopback only, every caller is the anonymous tenant",
+              flush=True)
+    assert deps.keys.enabled or is_loopback(config.listen)
+    stopped = threading.Event()
+
+    def on_term():
+        drain(server, health, config.drain_grace_s).wait()
+        service.router.close()
+        service.policy.close()
+        if engine is not None:
+            engine.close()
+        stopped.set()
+        log.info("drained; exiting")
+
+    install_sigterm(on_term)
+    if engine is not None:
+        engine.serve_forever()  # on the main thread: see engines/builtin.py
+    stopped.wait()
+    return 0
+
+
+def cmd_engine(args) -> int:
+    from pathlib import Path
+
+    import yaml
+
+    from engines.builtin import BuiltinEngine
+    from engines.config import EngineConfig
+    from gateway.server import create_engine_server, install_sigterm
+
+    config = EngineConfig.model_validate(yaml.safe_load(Path(args.config).read_text()) or {}) if args.config \
+        else EngineConfig()
+    engine = BuiltinEngine.from_config(config, start_worker=False)
+    server, port = create_engine_server(args.listen, engine, args.id or args.listen)
+    server.start()
+    print(f"specgate engine listening on {args.listen.rsplit(':', 1)[0]}:{port}; drafts {list(engine.arms().drafts)}",
+          flush=True)
+
+    def on_term():
+        server.stop(10).wait()
+        engine.close()
+
+    install_sigterm(on_term)
+    engine.serve_forever()
+    return 0
+
+
+def _request(args):
+    from gateway.pb import specgate_pb2 as pb
+
+    req = pb.GenerateRequest(stop=args.stop, category=args.category, arm=args.arm)
+    if args.raw:
+        req.prompt = args.prompt
+    else:
+        req.messages.append(pb.ChatMessage(role="user", content=args.prompt))
+    for field, value in (("max_tokens", args.max_tokens), ("temperature", args.temperature),
+                         ("top_p", args.top_p), ("top_k", args.top_k), ("seed", args.seed),
+                         ("expected_output_tokens", args.expected_tokens)):
+        if value is not None:
+            setattr(req, field, value)
+    return req
+
+
+def _stub(args):
+    import grpc
+
+    from gateway.pb import specgate_pb2_grpc as pb_grpc
+
+    channel = grpc.insecure_channel(args.address)
+    meta = (("authorization", f"Bearer {args.api_key}"),) if args.api_key else ()
+    return pb_grpc.GatewayStub(channel), meta
+
+
+def _fail(e) -> int:
+    print(f"error: {e.code().name}: {e.details()}", file=sys.stderr)
+    return 1
+
+
+def _summary(resp) -> str:
+    d, s, t = resp.decision, resp.spec, resp.timings
+    return (f"arm {d.arm} ({d.source}{', rule ' + d.rule if d.rule else ''}; policy {d.policy_version}; "
+            f"predicted {d.predicted_speedup:.2f}x) — {d.reason}\n"
+            f"{resp.usage.output_tokens} tokens, finish {resp.finish_reason}; drafted {s.drafted}, accepted "
+            f"{s.accepted} ({s.acceptance_rate:.2f}), mean accepted length {s.mean_accepted_length:.2f}; "
+            f"ttft {t.ttft_s * 1e3:.0f} ms, total {t.total_s:.2f} s; engine {resp.engine}; request {resp.request_id}")
+
+
+def cmd_generate(args) -> int:
+    import grpc
+    from google.protobuf.json_format import MessageToDict
+
+    stub, meta = _stub(args)
+    try:
+        if args.stream:
+            final = None
+            for ev in stub.GenerateStream(_request(args), metadata=meta, timeout=args.timeout):
+                if ev.HasField("final"):
+                    final = ev.final
+                elif not args.json:
+                    print(ev.text, end="", flush=True)
+            resp = final
+            if not args.json:
+                print()
+        else:
+            resp = stub.Generate(_request(args), metadata=meta, timeout=args.timeout)
+            if not args.json:
+                print(resp.text)
+    except grpc.RpcError as e:
+        return _fail(e)
+    if args.json:
+        print(json.dumps(MessageToDict(resp, preserving_proto_field_name=True)))
+    else:
+        print("---\n" + _summary(resp), file=sys.stderr)
+    return 0
+
+
+def cmd_decide(args) -> int:
+    import grpc
+    from google.protobuf.json_format import MessageToDict
+
+    stub, meta = _stub(args)
+    try:
+        resp = stub.Decide(_request(args), metadata=meta, timeout=args.timeout)
+    except grpc.RpcError as e:
+        return _fail(e)
+    if args.json:
+        print(json.dumps(MessageToDict(resp, preserving_proto_field_name=True)))
+    else:
+        d, f = resp.decision, resp.features
+        print(f"{d.arm} ({d.source}) — {d.reason}")
+        print(f"features: category {f.category}, T={f.temperature:g}, ~{f.prompt_tokens} prompt tokens, "
+              f"~{f.expected_output_tokens} output tokens, load {f.running + f.waiting}")
+        for arm, s in sorted(d.predicted_speedups.items(), key=lambda kv: -kv[1])[:6]:
+            print(f"  {arm:<14} {s:.2f}x")
+    return 0
+
+
+def cmd_status(args) -> int:
+    import grpc
+    from google.protobuf.json_format import MessageToDict
+
+    from gateway.pb import specgate_pb2 as pb
+
+    stub, meta = _stub(args)
+    try:
+        resp = stub.GetStatus(pb.GetStatusRequest(), metadata=meta, timeout=10)
+    except grpc.RpcError as e:
+        return _fail(e)
+    print(json.dumps(MessageToDict(resp, preserving_proto_field_name=True), indent=1))
+    return 0

@@ -1,0 +1,1 @@
+"""Generated from proto/specgate/v1/specgate.proto by gateway.protogen."""

@@ -1,0 +1,136 @@
+"""Building and running the gRPC servers: the gateway and the engine worker."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import signal
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from gateway.config import GatewayConfig, TLSConfig
+from gateway.interceptors import GatewayInterceptor, KeyStore
+from gateway.pb import specgate_pb2 as pb
+from gateway.pb import specgate_pb2_grpc as pb_grpc
+from gateway.service import GatewayService
+from gateway.servicer import EngineServicer, GatewayServicer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RULES = Path(__file__).resolve().parent.parent / "policy" / "default_rules.yaml"
+GATEWAY_SERVICE = pb.DESCRIPTOR.services_by_name["Gateway"].full_name
+ENGINE_SERVICE = pb.DESCRIPTOR.services_by_name["Engine"].full_name
+
+
+@dataclass
+class GatewayDeps:
+    service: GatewayService
+    keys: KeyStore
+    workers: int = 32
+    max_prompt_chars: int = 1_000_000
+    tls: TLSConfig | None = None
+
+
+def is_loopback(address: str) -> bool:
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _credentials(tls: TLSConfig) -> grpc.ServerCredentials:
+    key, cert = Path(tls.key).read_bytes(), Path(tls.cert).read_bytes()
+    ca = Path(tls.client_ca).read_bytes() if tls.client_ca else None
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
+
+
+def _bind(server: grpc.Server, address: str, tls: TLSConfig | None) -> int:
+    port = server.add_secure_port(address, _credentials(tls)) if tls else server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"cannot listen on {address}")
+    return port
+
+
+def create_server(address: str, deps: GatewayDeps) -> tuple[grpc.Server, int, health.HealthServicer]:
+    """The gateway server, bound but not started: Gateway, health and reflection."""
+    if not deps.keys.enabled and not is_loopback(address):
+        raise ValueError(f"refusing to listen on {address} without API keys: configure auth.keys or "
+                         f"SPECGATE_API_KEYS, or listen on a loopback address")
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=deps.workers, thread_name_prefix="rpc"),
+                         interceptors=[GatewayInterceptor(deps.keys)],
+                         options=[("grpc.max_receive_message_length", 8 * deps.max_prompt_chars + 65536)])
+    pb_grpc.add_GatewayServicer_to_server(GatewayServicer(deps.service, deps.max_prompt_chars), server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in ("", GATEWAY_SERVICE):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection((GATEWAY_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    return server, _bind(server, address, deps.tls), health_servicer
+
+
+def create_engine_server(address: str, engine, engine_id: str = "engine",
+                         workers: int = 64) -> tuple[grpc.Server, int]:
+    """An engine worker: the internal Engine API, health and reflection."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="engine-rpc"))
+    pb_grpc.add_EngineServicer_to_server(EngineServicer(engine, engine_id), server)
+    h = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(h, server)
+    h.set("", health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection((ENGINE_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    return server, _bind(server, address, None)
+
+
+def drain(server: grpc.Server, health_servicer: health.HealthServicer | None, grace_s: float) -> threading.Event:
+    """Refuse new calls (health says NOT_SERVING at once), let in-flight calls
+    finish within `grace_s`, then stop. Returns an event set when stopped."""
+    if health_servicer is not None:
+        health_servicer.enter_graceful_shutdown()
+    return server.stop(grace_s)
+
+
+def install_sigterm(on_term) -> None:
+    """SIGTERM and SIGINT call `on_term` once (the second one exits at once)."""
+    fired = threading.Event()
+
+    def handler(signum, frame):
+        if fired.is_set():
+            raise SystemExit(1)
+        fired.set()
+        log.info("received %s: draining", signal.Signals(signum).name)
+        threading.Thread(target=on_term, name="specgate-drain", daemon=True).start()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def build_gateway(config: GatewayConfig, engine=None):
+    """Everything `specgate serve` runs, from its config. `engine`: an already
+    built in-process engine (else built from config.engine when embedded)."""
+    from gateway.router import LocalEndpoint, RemoteEndpoint, Router
+    from gateway.service import PolicyState
+    from policy.model import PolicyModel
+    from policy.rules import load_rules
+
+    endpoints = []
+    if engine is not None:
+        endpoints.append(LocalEndpoint(engine))
+    endpoints += [RemoteEndpoint(r.address, r.id) for r in config.remote_engines]
+    if not endpoints:
+        raise ValueError("no engines: enable embedded_engine or list remote_engines")
+    router = Router(endpoints, config.health_check_s)
+    rules_path = config.rules or str(DEFAULT_RULES)
+    model = PolicyModel.from_json(Path(config.policy_model).read_text()) if config.policy_model else None
+    policy = PolicyState(load_rules(rules_path), model, rules_path=rules_path)
+    policy.watch_rules(config.rules_poll_s)
+    service = GatewayService(router, policy)
+    deps = GatewayDeps(service, KeyStore(config.auth), config.workers, config.max_prompt_chars, config.tls)
+    return service, deps
