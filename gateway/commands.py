@@ -52,6 +52,13 @@ def add_commands(sub) -> None:
             c.add_argument("--stream", action="store_true", help="print text as it is generated")
         c.set_defaults(func=cmd_generate if name == "generate" else cmd_decide)
 
+    from gateway import bench
+
+    b = sub.add_parser("bench-gateway", help="gateway added latency and echo-engine throughput",
+                       description=bench.__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+    bench.add_arguments(b)
+    b.set_defaults(func=lambda args: bench.main(args))
+
     st = sub.add_parser("status", help="engines, arms, load and versions of a gateway")
     st.add_argument("--address", default=os.environ.get("SPECGATE_ADDRESS", "127.0.0.1:50051"))
     st.add_argument("--api-key", default=os.environ.get("SPECGATE_API_KEY"))

@@ -173,7 +173,8 @@ class RemoteEndpoint:
         """One health check: refreshes arms and load. Two failures in a row take the
         endpoint out of rotation; one success brings it back."""
         try:
-            self._status = self._stub.Status(pb.GetStatusRequest(), timeout=self._timeout)
+            # wait_for_ready: a channel in reconnect backoff would otherwise fail at once
+            self._status = self._stub.Status(pb.GetStatusRequest(), timeout=self._timeout, wait_for_ready=True)
             if not self._healthy:
                 log.info("engine %s at %s is healthy", self.id, self.address)
             self._healthy, self._failures = True, 0

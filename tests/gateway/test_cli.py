@@ -1,0 +1,56 @@
+"""`specgate serve` as a user runs it: a process, a client command, SIGTERM."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import yaml
+
+from tests.gateway.test_remote import engine_config, free_port, wait_listening  # noqa: F401  (fixture)
+
+from tests.conftest import REPO
+
+CLI = [sys.executable, "-m", "gateway.cli"]
+
+
+def test_serve_generate_decide_status_then_drain_on_sigterm(engine_config, tmp_path):  # noqa: F811
+    port = free_port()
+    cfg = tmp_path / "gateway.yaml"
+    cfg.write_text(yaml.safe_dump({"listen": f"127.0.0.1:{port}", "drain_grace_s": 5,
+                                   "engine": yaml.safe_load(engine_config.read_text())}))
+    server = subprocess.Popen(CLI + ["serve", "--config", str(cfg)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        wait_listening(server)
+        addr = ["--address", f"127.0.0.1:{port}"]
+        out = subprocess.run(CLI + ["generate", "hello world", "--raw", "--max-tokens", "5", "--json"] + addr,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        resp = json.loads(out.stdout)
+        assert resp["usage"]["output_tokens"] == 5 and resp["decision"]["arm"]
+        out = subprocess.run(CLI + ["decide", "Summarize: a b c", "--category", "summarization"] + addr,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and "features: category summarization" in out.stdout
+        out = subprocess.run(CLI + ["generate", "hi", "--temperature", "-1"] + addr, capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 1 and "INVALID_ARGUMENT: temperature" in out.stderr
+        assert "Traceback" not in out.stderr
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(30) == 0
+        log = server.stdout.read()
+        assert "draining" in log and "drained" in log
+    finally:
+        if server.poll() is None:
+            server.kill()
+
+
+def test_rules_check_exit_codes(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("default: {}\nrules:\n  - name: x\n    then: {forse: plain}\n")
+    out = subprocess.run(CLI + ["rules", "check", str(bad)], capture_output=True, text=True)
+    assert out.returncode == 1 and "rule #1 'x': field then.forse: unknown key" in out.stderr
+    out = subprocess.run(CLI + ["rules", "check", str(REPO / "policy" / "default_rules.yaml")], capture_output=True,
+                         text=True)
+    assert out.returncode == 0 and "OK" in out.stdout
