@@ -52,6 +52,22 @@ def add_commands(sub) -> None:
             c.add_argument("--stream", action="store_true", help="print text as it is generated")
         c.set_defaults(func=cmd_generate if name == "generate" else cmd_decide)
 
+    r = sub.add_parser("retrain", help="learn policy models from the outcome stream and promote the better ones")
+    r.add_argument("--redis", default=os.environ.get("SPECGATE_REDIS_URL"), required=not os.environ.get(
+        "SPECGATE_REDIS_URL"), help="redis://HOST:PORT/DB (default: $SPECGATE_REDIS_URL)")
+    r.add_argument("--once", action="store_true", help="read what is there, retrain once, exit")
+    r.add_argument("--every", type=int, default=500, help="retrain after this many new outcomes (default: %(default)s)")
+    r.add_argument("--interval", type=float, help="also retrain every this many seconds when anything is new")
+    r.add_argument("--window", type=int, default=50_000, help="outcomes kept for training (default: %(default)s)")
+    r.add_argument("--arms", default="ngram,selfspec:1-8", help="arms the engines serve (default: %(default)s)")
+    r.set_defaults(func=cmd_retrain)
+
+    rb = sub.add_parser("rollback", help="make an earlier policy model version live again")
+    rb.add_argument("version", nargs="?", help="version to restore (default: the one before the current)")
+    rb.add_argument("--redis", default=os.environ.get("SPECGATE_REDIS_URL"), required=not os.environ.get(
+        "SPECGATE_REDIS_URL"), help="redis://HOST:PORT/DB (default: $SPECGATE_REDIS_URL)")
+    rb.set_defaults(func=cmd_rollback)
+
     from gateway import bench
 
     b = sub.add_parser("bench-gateway", help="gateway added latency and echo-engine throughput",
@@ -83,7 +99,7 @@ def cmd_serve(args) -> int:
     config = config.model_copy(update=update)
     log.info("config: %s", config.model_dump_json(exclude={"auth"}))
     engine = BuiltinEngine.from_config(config.engine, start_worker=False) if config.embedded_engine else None
-    service, deps = build_gateway(config, engine)
+    service, deps, closers = build_gateway(config, engine)
     try:
         server, port, health = create_server(config.listen, deps)
     except (ValueError, OSError) as e:
@@ -102,8 +118,11 @@ def cmd_serve(args) -> int:
 
     def on_term():
         drain(server, health, config.drain_grace_s).wait()
-        service.router.close()
-        service.policy.close()
+        for close in reversed(closers):  # telemetry flushes what it holds before Redis goes
+            try:
+                close()
+            except Exception:  # noqa: BLE001 - shutting down regardless
+                log.exception("error while closing")
         if engine is not None:
             engine.close()
         stopped.set()
@@ -244,4 +263,40 @@ def cmd_status(args) -> int:
     except grpc.RpcError as e:
         return _fail(e)
     print(json.dumps(MessageToDict(resp, preserving_proto_field_name=True), indent=1))
+    return 0
+
+
+def _artifact_key() -> bytes:
+    key = os.environ.get("SPECGATE_ARTIFACT_KEY", "").encode()
+    if not key:
+        raise SystemExit("error: set SPECGATE_ARTIFACT_KEY (the HMAC key gateways verify policy models with)")
+    return key
+
+
+def cmd_retrain(args) -> int:
+    import redis
+
+    from policy.cli import parse_arms
+    from telemetry.retrainer import Retrainer
+
+    client = redis.Redis.from_url(args.redis)
+    r = Retrainer(client, _artifact_key(), window=args.window, every=args.every, arms=parse_arms(args.arms))
+    log.info("retrainer on %s: every %d outcomes, window %d", args.redis, args.every, args.window)
+    r.run(once=args.once, interval_s=args.interval)
+    if args.once:
+        print(f"{len(r.rows)} outcomes; promoted: {r.promoted or 'none'}")
+    return 0
+
+
+def cmd_rollback(args) -> int:
+    import redis
+
+    from telemetry.artifacts import ArtifactError, rollback
+
+    try:
+        version = rollback(redis.Redis.from_url(args.redis), args.version)
+    except ArtifactError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"live policy model: {version}")
     return 0

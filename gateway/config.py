@@ -4,6 +4,7 @@ Loaded once at the edge (`specgate serve --config FILE`) and logged."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -50,6 +51,28 @@ class RemoteEngineConfig(_Strict):
     """Name in logs and GetStatus (default: the address)."""
 
 
+class TelemetryConfig(_Strict):
+    """Outcomes, model versions and traces."""
+
+    redis_url: str | None = None
+    """e.g. redis://127.0.0.1:6379/0. None: start a private redis-server on loopback when the binary
+    is installed (and retrain in-process), else keep outcomes in memory with learning off."""
+    embedded_retrainer: bool = True
+    """With the private Redis, also run the retrainer in this process."""
+    retrain_every: int = Field(500, ge=10)
+    """New outcomes between retrainings (embedded retrainer)."""
+    artifact_key_env: str = "SPECGATE_ARTIFACT_KEY"
+    """Environment variable holding the HMAC key that signs policy models (shared with the retrainer)."""
+    include_prompt: bool = False
+    """Put prompt text into outcome records."""
+    max_queue: int = Field(10_000, ge=1)
+    """Outcome records held in memory while Redis is away; beyond, the oldest are dropped and counted."""
+    exporter: Literal["none", "console", "otlp-grpc", "otlp-http"] = "none"
+    """Where traces and metrics go."""
+    otlp_endpoint: str | None = None
+    """OTLP collector endpoint (default: the exporter's own default)."""
+
+
 class GatewayConfig(_Strict):
     listen: str = "127.0.0.1:50051"
     """Address to serve on. Without API keys only loopback addresses are allowed."""
@@ -74,6 +97,7 @@ class GatewayConfig(_Strict):
     auth: AuthConfig = AuthConfig()
     tls: TLSConfig | None = None
     max_prompt_chars: int = Field(1_000_000, ge=1)
+    telemetry: TelemetryConfig = TelemetryConfig()
 
 
 def load_gateway_config(path: str | None) -> GatewayConfig:

@@ -32,6 +32,7 @@ class CallInfo:
     request_id: str
     tenant: str
     method: str  # short name, e.g. "Generate"
+    trace_carrier: tuple[tuple[str, str], ...] = ()  # W3C traceparent / tracestate from metadata
 
 
 _current: contextvars.ContextVar[CallInfo | None] = contextvars.ContextVar("specgate_call", default=None)
@@ -130,7 +131,8 @@ class GatewayInterceptor(grpc.ServerInterceptor):
                 return _abort_handler(grpc.StatusCode.PERMISSION_DENIED,
                                       f"tenant {tenant!r} may not call {short} (request {rid})",
                                       handler.response_streaming)
-        return _with_call_info(handler, CallInfo(rid, tenant, short))
+        carrier = tuple((k, str(meta[k])) for k in ("traceparent", "tracestate") if k in meta)
+        return _with_call_info(handler, CallInfo(rid, tenant, short, carrier))
 
 
 def _with_call_info(handler, info: CallInfo):

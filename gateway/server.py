@@ -114,7 +114,8 @@ def install_sigterm(on_term) -> None:
 
 def build_gateway(config: GatewayConfig, engine=None):
     """Everything `specgate serve` runs, from its config. `engine`: an already
-    built in-process engine (else built from config.engine when embedded)."""
+    built in-process engine (else none is embedded). Returns (service, deps,
+    closers): on shutdown call the closers last to first."""
     from gateway.router import LocalEndpoint, RemoteEndpoint, Router
     from gateway.service import PolicyState
     from policy.model import PolicyModel
@@ -131,6 +132,73 @@ def build_gateway(config: GatewayConfig, engine=None):
     model = PolicyModel.from_json(Path(config.policy_model).read_text()) if config.policy_model else None
     policy = PolicyState(load_rules(rules_path), model, rules_path=rules_path)
     policy.watch_rules(config.rules_poll_s)
-    service = GatewayService(router, policy)
+    closers = [router.close, policy.close]
+    outcomes, acceptance, instr = _telemetry(config, router, policy, closers)
+    service = GatewayService(router, policy, outcomes, instrumentation=instr, acceptance=acceptance)
     deps = GatewayDeps(service, KeyStore(config.auth), config.workers, config.max_prompt_chars, config.tls)
-    return service, deps
+    return service, deps, closers
+
+
+def _telemetry(config: GatewayConfig, router, policy, closers: list):
+    """Redis (configured, or a private one), the outcome sink, the shared rolling
+    acceptance, the model watcher, the embedded retrainer, and OpenTelemetry."""
+    import os
+    import secrets
+    import shutil
+
+    from gateway.service import OutcomeLog
+    from telemetry.otel import Instrumentation, build_providers
+
+    t = config.telemetry
+    tp, mp = build_providers(t.exporter, t.otlp_endpoint)
+    closers += [tp.shutdown, mp.shutdown]
+    url, private = t.redis_url, None
+    if url is None:
+        if shutil.which("redis-server") is None:
+            log.warning("no Redis configured and redis-server is not installed: outcomes stay in memory, "
+                        "learning is off")
+            return OutcomeLog(), None, Instrumentation(tp, mp)
+        from telemetry.redis_server import PrivateRedis
+
+        private = PrivateRedis()
+        url = private.url
+        closers.append(private.stop)
+        log.info("no Redis configured: started a private redis-server at %s", url)
+    import redis
+
+    from engines.api import ArmInfo
+    from telemetry.artifacts import ModelWatcher
+    from telemetry.outcomes import RedisOutcomeSink, RollingAcceptance
+
+    client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    key = os.environ.get(t.artifact_key_env, "").encode()
+    if not key:
+        if private is None:
+            log.warning("$%s is not set: policy models from %s cannot be verified and will not be used",
+                        t.artifact_key_env, url)
+        key = secrets.token_bytes(32) if private is not None else b""
+    sink = RedisOutcomeSink(client, max_queue=t.max_queue, include_prompt=t.include_prompt)
+    acceptance = RollingAcceptance(client)
+    closers += [sink.close, acceptance.close]
+    if key:
+        watcher = ModelWatcher(client, key, policy.set_model)
+        closers.append(watcher.close)
+    if private is not None and t.embedded_retrainer:
+        from telemetry.retrainer import Retrainer
+
+        arms = router.arms()
+        retrainer = Retrainer(client, key, every=t.retrain_every, arms=arms if arms.drafts else ArmInfo((), 1, 1))
+        stop = threading.Event()
+
+        def loop():
+            while not stop.is_set():
+                try:
+                    retrainer.consume(block_ms=500)
+                    retrainer.maybe_retrain()
+                except Exception:  # noqa: BLE001 - keep learning through hiccups
+                    log.exception("embedded retrainer step failed")
+                    stop.wait(1.0)
+
+        threading.Thread(target=loop, name="specgate-retrainer", daemon=True).start()
+        closers.append(stop.set)
+    return sink, acceptance, Instrumentation(tp, mp, queue_depth=lambda: sink.depth, dropped=lambda: sink.dropped)

@@ -7,6 +7,7 @@ gRPC status codes.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import random
@@ -26,6 +27,8 @@ from policy.decide import Decision, decide
 from policy.features import RequestFeatures, build_features
 from policy.model import PolicyModel, prior_model
 from policy.rules import RuleSet, RulesError, load_rules
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from telemetry.otel import Instrumentation, decision_attributes, extract_context, now_refs, ns, outcome_attributes
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,7 @@ class GatewayRequest:
     messages: tuple[ChatMessage, ...]
     sampling: SamplingParams
     hints: Hints
+    trace_carrier: tuple[tuple[str, str], ...] = ()
 
     @property
     def text(self) -> str:
@@ -201,11 +205,13 @@ class Served:
 
 
 class GatewayService:
-    def __init__(self, router: Router, policy: PolicyState, outcomes: OutcomeLog | None = None,
-                 rng: random.Random | None = None):
+    def __init__(self, router: Router, policy: PolicyState, outcomes=None, rng: random.Random | None = None,
+                 instrumentation: Instrumentation | None = None, acceptance=None):
         self.router = router
         self.policy = policy
-        self.outcomes = outcomes or OutcomeLog()
+        self.outcomes = outcomes or OutcomeLog()  # anything with emit(Outcome)
+        self.instr = instrumentation or Instrumentation()
+        self.acceptance = acceptance  # RollingAcceptance (shared through Redis) or None
         self._rng = rng or random.Random()
         self._rng_lock = threading.Lock()
 
@@ -221,20 +227,44 @@ class GatewayService:
         )
 
     def decide(self, req: GatewayRequest) -> tuple[Decision, RequestFeatures]:
+        t0 = time.perf_counter()
         arms = self.router.arms()
         if req.hints.requested_arm:
             _check_served(Arm.parse(req.hints.requested_arm), arms)
         f = self.features(req)
+        if self.acceptance is not None:  # the category is known only after classification
+            f = dataclasses.replace(f, rolling_acceptance=self.acceptance.for_category(f.category))
         with self._rng_lock:  # one seed draw; decide() itself runs unlocked
             rng = random.Random(self._rng.getrandbits(64))
-        return decide(f, self.policy.rules, self.policy.model, rng, arms), f
+        d = decide(f, self.policy.rules, self.policy.model, rng, arms)
+        self.instr.decision_latency.record(time.perf_counter() - t0)
+        return d, f
 
     def generate(self, req: GatewayRequest, on_cancel: Callable[[Callable[[], None]], None],
                  arrived: float | None = None) -> Iterator[str | Served]:
         """Yield text chunks, then one Served. `on_cancel` registers what to call if
-        the client goes away (the engine slot is freed at once)."""
+        the client goes away (the engine slot is freed at once). Traced as one span
+        with children for the decision, the queue wait and the generation."""
         arrived = arrived or time.perf_counter()
-        decision, features = self.decide(req)
+        tracer = self.instr.tracer
+        ctx = extract_context(dict(req.trace_carrier))
+        with tracer.start_as_current_span("specgate.generate_request", context=ctx, kind=SpanKind.SERVER,
+                                          attributes={"gen_ai.operation.name": "chat" if req.messages
+                                                      else "text_completion",
+                                                      "gen_ai.request.max_tokens": req.sampling.max_tokens,
+                                                      "specgate.request_id": req.request_id}) as span:
+            try:
+                yield from self._generate(req, on_cancel, arrived, span)
+            except EngineError as e:
+                span.set_status(Status(StatusCode.ERROR, type(e).__name__))
+                raise
+
+    def _generate(self, req, on_cancel, arrived, span) -> Iterator[str | Served]:
+        tracer = self.instr.tracer
+        with tracer.start_as_current_span("specgate.decide") as dspan:
+            decision, features = self.decide(req)
+            dspan.set_attributes(decision_attributes(features, decision))
+        span.set_attributes(decision_attributes(features, decision))
         tried: set[str] = set()
         while True:
             route = self.router.route(decision.arm, exclude=tried)
@@ -247,16 +277,20 @@ class GatewayService:
             ep = route.endpoint
             engine_req = GenerationRequest(request_id=req.request_id, sampling=req.sampling, prompt=req.prompt,
                                            messages=req.messages, arm=route.arm)
+            perf0, wall0 = now_refs()
             handle = ep.submit(engine_req)
             on_cancel(handle.cancel)
             self.router.track(ep.id, +1)
             ttft = None
             try:
-                for delta in handle:
-                    if ttft is None:
-                        ttft = time.perf_counter() - arrived
-                    yield delta.text
-                result = handle.result()
+                with tracer.start_as_current_span("specgate.engine_generation",
+                                                  attributes={"specgate.engine": ep.id}) as gspan:
+                    for delta in handle:
+                        if ttft is None:
+                            ttft = time.perf_counter() - arrived
+                        yield delta.text
+                    result = handle.result()
+                    gspan.set_attributes(outcome_attributes(result.stats, ttft or 0.0))
             except EngineUnavailable as e:
                 if isinstance(ep, RemoteEndpoint):
                     ep.mark_failed()
@@ -269,9 +303,24 @@ class GatewayService:
                 self.router.track(ep.id, -1)
             total = time.perf_counter() - arrived
             served = Served(result, decision, ep.id, result.stats.queue_s, ttft if ttft is not None else total, total)
+            # the queue wait is known only now: its span is placed after the fact
+            tracer.start_span("specgate.queue", start_time=ns(perf0, perf0, wall0),
+                              attributes={"specgate.queue_s": result.stats.queue_s}).end(
+                end_time=ns(perf0 + result.stats.queue_s, perf0, wall0))
+            span.set_attributes(outcome_attributes(result.stats, served.ttft_s))
+            self._observe(served)
             self._record(req, features, served)
             yield served
             return
+
+    def _observe(self, s: Served) -> None:
+        st = s.result.stats
+        self.instr.requests.add(1, {"arm": s.decision.arm.name, "source": s.decision.source})
+        if st.drafted:
+            self.instr.acceptance.record(st.acceptance_rate, {"draft": s.decision.arm.draft or ""})
+        if st.total_s > 0:
+            self.instr.tokens_per_s.record(st.tokens_per_s, {"arm": s.decision.arm.name})
+        self.instr.ttft.record(s.ttft_s)
 
     def _record(self, req: GatewayRequest, f: RequestFeatures, s: Served) -> None:
         st = s.result.stats

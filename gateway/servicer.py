@@ -3,6 +3,7 @@ No logic of their own."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -25,12 +26,13 @@ def _opt(msg, name):
 
 def to_domain(req: pb.GenerateRequest, max_prompt_chars: int) -> GatewayRequest:
     call = current_call()
-    return validate(
+    r = validate(
         call.request_id, call.tenant, req.prompt, [(m.role, m.content) for m in req.messages],
         max_tokens=_opt(req, "max_tokens"), temperature=_opt(req, "temperature"), top_p=_opt(req, "top_p"),
         top_k=_opt(req, "top_k"), seed=_opt(req, "seed"), stop=list(req.stop), category=req.category,
         expected_output_tokens=_opt(req, "expected_output_tokens"), arm=req.arm, max_prompt_chars=max_prompt_chars,
     )
+    return dataclasses.replace(r, trace_carrier=call.trace_carrier) if call.trace_carrier else r
 
 
 def decision_pb(d: Decision) -> pb.Decision:

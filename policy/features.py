@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 # Phrases that ask the model to reuse the prompt's own text: the case where
 # prompt lookup (n-gram) drafting gets its tokens accepted.
@@ -37,7 +37,10 @@ class RequestFeatures:
         return self.running + self.waiting
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        # shallow on purpose: dataclasses.asdict deep-copies, and this runs per request
+        d = dict(self.__dict__)
+        d["rolling_acceptance"] = dict(self.rolling_acceptance)
+        return d
 
 
 def copy_signal(text: str) -> float:

@@ -117,7 +117,7 @@ class PolicyModel:
     def draft(self, name: str) -> DraftModel:
         """A draft this model has never seen gets the prior for its kind."""
         m = self.drafts.get(name)
-        return m if m is not None else prior_draft("ngram" if name.startswith("ngram") else "model")
+        return m if m is not None else _PRIORS["ngram" if name.startswith("ngram") else "model"]
 
     def speedup(self, f: RequestFeatures, draft: str | None, gamma: int) -> float:
         return 1.0 if draft is None else self.speedups(f, draft, [gamma])[0]
@@ -154,6 +154,9 @@ class PolicyModel:
             raise ValueError("explore must be in [0, 1]")
         lengths = {str(k): float(v) for k, v in d.get("output_tokens", {}).items() if math.isfinite(float(v))}
         return cls(str(d["version"]), drafts, explore, d.get("metrics", {}), lengths)
+
+
+_PRIORS = {kind: prior_draft(kind) for kind in ("ngram", "model")}  # read-only
 
 
 def prior_model() -> PolicyModel:

@@ -98,7 +98,8 @@ def fit(rows: list[dict], version: str | None = None, explore: float = 0.05) -> 
     for r in rows:
         lengths[r["features"]["category"]].append(r["output_tokens"])
     typical = {c: float(np.median(v)) for c, v in lengths.items() if len(v) >= 10}
-    model = PolicyModel(version or time.strftime("v%Y%m%d-%H%M%S"), drafts, explore, output_tokens=typical)
+    version = version or time.strftime("v%Y%m%d-%H%M%S") + f".{int(time.time() * 1000) % 1000:03d}"
+    model = PolicyModel(version, drafts, explore, output_tokens=typical)
     model.metrics = dict(rows=len(rows), fit_s=round(time.perf_counter() - t0, 3),
                          plain_step_s=[round(float(v), 6) for v in step])
     return model

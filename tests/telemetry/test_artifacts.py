@@ -1,0 +1,56 @@
+import time
+
+import pytest
+
+from policy.model import PolicyModel, prior_draft
+from telemetry.artifacts import (
+    CURRENT, MODEL_KEY, ArtifactError, ModelWatcher, load_verified, publish, rollback,
+)
+
+KEY = b"k" * 32
+
+
+def model(version):
+    return PolicyModel(version, {"ngram": prior_draft("ngram")}, explore=0.1)
+
+
+def test_signed_model_roundtrips_and_tampering_is_refused(rclient):
+    publish(rclient, model("v1"), KEY)
+    assert load_verified(rclient, "v1", KEY).version == "v1"
+    with pytest.raises(ArtifactError, match="signature"):
+        load_verified(rclient, "v1", b"another-key")
+    raw = rclient.hget(MODEL_KEY + "v1", "json").replace(b'"explore": 0.1', b'"explore": 0.9')
+    rclient.hset(MODEL_KEY + "v1", "json", raw)
+    with pytest.raises(ArtifactError, match="tampered"):
+        load_verified(rclient, "v1", KEY)
+    rclient.hdel(MODEL_KEY + "v1", "sig")
+    with pytest.raises(ArtifactError, match="unsigned"):
+        load_verified(rclient, "v1", KEY)
+
+
+def test_watcher_swaps_within_a_second_and_keeps_its_model_on_a_tampered_one(rclient):
+    live = []
+    watcher = ModelWatcher(rclient, KEY, live.append, poll_s=0.2)
+    try:
+        t0 = time.perf_counter()
+        publish(rclient, model("v1"), KEY)
+        while not live and time.perf_counter() - t0 < 3:
+            time.sleep(0.01)
+        assert live and live[-1].version == "v1" and time.perf_counter() - t0 < 1.0
+        # an attacker writes a model with a forged signature and promotes it
+        rclient.hset(MODEL_KEY + "evil", mapping={"json": model("evil").to_json(), "sig": "0" * 64})
+        rclient.set(CURRENT, "evil")
+        rclient.publish("specgate:model:announce", "evil")
+        time.sleep(0.6)
+        assert watcher.version == "v1" and "evil" in watcher.refused and live[-1].version == "v1"
+    finally:
+        watcher.close()
+
+
+def test_rollback_returns_to_the_previous_version(rclient):
+    publish(rclient, model("v1"), KEY)
+    publish(rclient, model("v2"), KEY)
+    assert rollback(rclient) == "v1" and rclient.get(CURRENT) == b"v1"
+    assert rollback(rclient, "v2") == "v2"
+    with pytest.raises(ArtifactError):
+        rollback(rclient, "v9")
