@@ -5,9 +5,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test bench-engine clean
+.PHONY: setup redis run test bench-engine clean
 
-setup: $(STAMP)
+setup: $(STAMP) redis
+
+# Outcomes and policy models live in Redis; the gateway and the tests start their
+# own private redis-server on a loopback port, so only the binary is needed.
+redis:
+	@command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server; }
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)

@@ -16,6 +16,7 @@ def add_commands(sub) -> None:
     s = sub.add_parser("serve", help="run the gateway (default: built-in engine on SmolLM2, loopback, no keys)")
     s.add_argument("--config", help="gateway config YAML (see README); flags below override it")
     s.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:50051)")
+    s.add_argument("--http", metavar="HOST:PORT", help="also serve the OpenAI-compatible HTTP API and /metrics")
     s.add_argument("--rules", help="operator rules YAML (default: policy/default_rules.yaml)")
     s.add_argument("--engine", action="append", default=[], metavar="HOST:PORT",
                    help="a remote engine worker to route to (repeatable)")
@@ -68,6 +69,12 @@ def add_commands(sub) -> None:
         "SPECGATE_REDIS_URL"), help="redis://HOST:PORT/DB (default: $SPECGATE_REDIS_URL)")
     rb.set_defaults(func=cmd_rollback)
 
+    from telemetry import bench as tbench
+
+    tb = sub.add_parser("bench-telemetry", help="retraining time, publish-to-live latency, outcome write cost")
+    tbench.add_arguments(tb)
+    tb.set_defaults(func=lambda args: tbench.main(args))
+
     from gateway import bench
 
     b = sub.add_parser("bench-gateway", help="gateway added latency and echo-engine throughput",
@@ -90,6 +97,8 @@ def cmd_serve(args) -> int:
     update = {}
     if args.listen:
         update["listen"] = args.listen
+    if args.http:
+        update["http_listen"] = args.http
     if args.rules:
         update["rules"] = args.rules
     if args.engine:
@@ -106,6 +115,20 @@ def cmd_serve(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     server.start()
+    httpd = None
+    if config.http_listen:
+        from gateway.http_api import create_http_server
+
+        try:
+            httpd, http_port = create_http_server(config.http_listen, service, deps.keys, deps.metrics_text,
+                                                  config.max_prompt_chars)
+        except (ValueError, OSError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            server.stop(0)
+            return 2
+        threading.Thread(target=httpd.serve_forever, name="specgate-http", daemon=True).start()
+        print(f"OpenAI-compatible HTTP API on http://{config.http_listen.rsplit(':', 1)[0]}:{http_port}/v1 "
+              f"(metrics at /metrics)", flush=True)
     host = config.listen.rsplit(":", 1)[0]
     print(f"specgate gateway listening on {host}:{port} ({'TLS' if config.tls else 'plaintext'}); "
           f"engines: {', '.join(e.id for e in service.router.endpoints)}; rules {service.policy.rules.digest}; "
@@ -117,6 +140,8 @@ def cmd_serve(args) -> int:
     stopped = threading.Event()
 
     def on_term():
+        if httpd is not None:
+            httpd.shutdown()
         drain(server, health, config.drain_grace_s).wait()
         for close in reversed(closers):  # telemetry flushes what it holds before Redis goes
             try:

@@ -76,6 +76,8 @@ class TelemetryConfig(_Strict):
 class GatewayConfig(_Strict):
     listen: str = "127.0.0.1:50051"
     """Address to serve on. Without API keys only loopback addresses are allowed."""
+    http_listen: str | None = None
+    """Also serve the OpenAI-compatible HTTP API and /metrics here (e.g. 127.0.0.1:8000); None: off."""
     workers: int = Field(32, ge=1, le=1024)
     """Concurrent RPCs served (thread pool size)."""
     max_concurrent_streams: int = Field(256, ge=1)

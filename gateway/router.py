@@ -158,7 +158,11 @@ class RemoteEndpoint:
 
     def __init__(self, address: str, id: str | None = None, timeout_s: float = 2.0):
         self.address, self.id = address, id or address
-        self._channel = grpc.insecure_channel(address)
+        # Short reconnect backoff: gRPC's default grows to minutes, and a worker that
+        # comes back should be in rotation at the next health check.
+        self._channel = grpc.insecure_channel(address, options=[("grpc.initial_reconnect_backoff_ms", 200),
+                                                                ("grpc.min_reconnect_backoff_ms", 200),
+                                                                ("grpc.max_reconnect_backoff_ms", 1000)])
         self._stub = pb_grpc.EngineStub(self._channel)
         self._timeout = timeout_s
         self._status: pb.EngineStatus | None = None

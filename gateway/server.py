@@ -9,6 +9,7 @@ import threading
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -35,6 +36,7 @@ class GatewayDeps:
     workers: int = 32
     max_prompt_chars: int = 1_000_000
     tls: TLSConfig | None = None
+    metrics_text: Callable[[], bytes] | None = None  # Prometheus exposition for HTTP /metrics
 
 
 def is_loopback(address: str) -> bool:
@@ -133,9 +135,10 @@ def build_gateway(config: GatewayConfig, engine=None):
     policy = PolicyState(load_rules(rules_path), model, rules_path=rules_path)
     policy.watch_rules(config.rules_poll_s)
     closers = [router.close, policy.close]
-    outcomes, acceptance, instr = _telemetry(config, router, policy, closers)
+    outcomes, acceptance, instr, metrics_text = _telemetry(config, router, policy, closers)
     service = GatewayService(router, policy, outcomes, instrumentation=instr, acceptance=acceptance)
-    deps = GatewayDeps(service, KeyStore(config.auth), config.workers, config.max_prompt_chars, config.tls)
+    deps = GatewayDeps(service, KeyStore(config.auth), config.workers, config.max_prompt_chars, config.tls,
+                       metrics_text)
     return service, deps, closers
 
 
@@ -150,14 +153,20 @@ def _telemetry(config: GatewayConfig, router, policy, closers: list):
     from telemetry.otel import Instrumentation, build_providers
 
     t = config.telemetry
-    tp, mp = build_providers(t.exporter, t.otlp_endpoint)
+    extra, render = (), None
+    if config.http_listen:
+        from gateway.http_api import prometheus_metrics
+
+        reader, render = prometheus_metrics()
+        extra = (reader,)
+    tp, mp = build_providers(t.exporter, t.otlp_endpoint, extra_readers=extra)
     closers += [tp.shutdown, mp.shutdown]
     url, private = t.redis_url, None
     if url is None:
         if shutil.which("redis-server") is None:
             log.warning("no Redis configured and redis-server is not installed: outcomes stay in memory, "
                         "learning is off")
-            return OutcomeLog(), None, Instrumentation(tp, mp)
+            return OutcomeLog(), None, Instrumentation(tp, mp), render
         from telemetry.redis_server import PrivateRedis
 
         private = PrivateRedis()
@@ -201,4 +210,5 @@ def _telemetry(config: GatewayConfig, router, policy, closers: list):
 
         threading.Thread(target=loop, name="specgate-retrainer", daemon=True).start()
         closers.append(stop.set)
-    return sink, acceptance, Instrumentation(tp, mp, queue_depth=lambda: sink.depth, dropped=lambda: sink.dropped)
+    instr = Instrumentation(tp, mp, queue_depth=lambda: sink.depth, dropped=lambda: sink.dropped)
+    return sink, acceptance, instr, render

@@ -241,8 +241,8 @@ class GatewayService:
         return d, f
 
     def generate(self, req: GatewayRequest, on_cancel: Callable[[Callable[[], None]], None],
-                 arrived: float | None = None) -> Iterator[str | Served]:
-        """Yield text chunks, then one Served. `on_cancel` registers what to call if
+                 arrived: float | None = None) -> Iterator[Decision | str | Served]:
+        """Yield the Decision, then text chunks, then one Served. `on_cancel` registers what to call if
         the client goes away (the engine slot is freed at once). Traced as one span
         with children for the decision, the queue wait and the generation."""
         arrived = arrived or time.perf_counter()
@@ -259,12 +259,13 @@ class GatewayService:
                 span.set_status(Status(StatusCode.ERROR, type(e).__name__))
                 raise
 
-    def _generate(self, req, on_cancel, arrived, span) -> Iterator[str | Served]:
+    def _generate(self, req, on_cancel, arrived, span) -> Iterator[Decision | str | Served]:
         tracer = self.instr.tracer
         with tracer.start_as_current_span("specgate.decide") as dspan:
             decision, features = self.decide(req)
             dspan.set_attributes(decision_attributes(features, decision))
         span.set_attributes(decision_attributes(features, decision))
+        yield decision  # first event: lets HTTP streaming send the decision in its headers
         tried: set[str] = set()
         while True:
             route = self.router.route(decision.arm, exclude=tried)

@@ -97,7 +97,7 @@ class GatewayServicer(pb_grpc.GatewayServicer):
             for ev in events:
                 if isinstance(ev, Served):
                     yield pb.GenerateStreamResponse(request_id=rid, final=response_pb(rid, ev))
-                elif ev:
+                elif isinstance(ev, str) and ev:
                     yield pb.GenerateStreamResponse(request_id=rid, text=ev)
         except Exception as e:  # noqa: BLE001
             abort_for(context, e, rid)

@@ -114,7 +114,14 @@ def observed_speed(row: dict, step: np.ndarray) -> float:
 
 def greedy_arm(model: PolicyModel, f: RequestFeatures, arms: list[Arm]) -> Arm:
     """The arm the model ranks first (ties to the earlier, cheaper arm)."""
-    return max(arms, key=lambda a: (model.speedup(f, a.draft, a.gamma), -arms.index(a)))
+    by_draft: dict[str, list[int]] = defaultdict(list)
+    for a in arms:
+        if not a.is_plain:
+            by_draft[a.draft].append(a.gamma)
+    speed = {Arm(): 1.0}
+    for d, gammas in by_draft.items():  # α once per draft, not once per arm
+        speed.update({Arm(d, g): s for g, s in zip(gammas, model.speedups(f, d, gammas))})
+    return arms[max(range(len(arms)), key=lambda i: (speed[arms[i]], -i))]
 
 
 def offline_value(model: PolicyModel, rows: list[dict], arms: list[Arm],

@@ -26,12 +26,13 @@ Exporter = Literal["none", "console", "otlp-grpc", "otlp-http"]
 _PROPAGATOR = TraceContextTextMapPropagator()
 
 
-def build_providers(exporter: Exporter, endpoint: str | None = None,
-                    service_name: str = "specgate-gateway") -> tuple[TracerProvider, MeterProvider]:
-    """Providers for the configured exporter; 'none' records nothing (no processor)."""
+def build_providers(exporter: Exporter, endpoint: str | None = None, service_name: str = "specgate-gateway",
+                    extra_readers: tuple = ()) -> tuple[TracerProvider, MeterProvider]:
+    """Providers for the configured exporter; 'none' records nothing (no processor).
+    `extra_readers`: e.g. the Prometheus reader behind the HTTP /metrics."""
     resource = Resource.create({"service.name": service_name})
     tp = TracerProvider(resource=resource)
-    readers = []
+    readers = list(extra_readers)
     if exporter == "console":
         tp.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
         readers.append(PeriodicExportingMetricReader(ConsoleMetricExporter(), export_interval_millis=60_000))

@@ -13,7 +13,6 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import asdict
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +33,8 @@ return 1
 
 def outcome_record(outcome, include_prompt: bool = False, prompt: str | None = None) -> dict:
     """The versioned record of one finished request (no prompt text unless asked)."""
-    d = asdict(outcome) if not isinstance(outcome, dict) else dict(outcome)
+    # shallow: an Outcome holds plain dicts already; asdict's deep copy costs ~40 µs
+    d = dict(vars(outcome)) if not isinstance(outcome, dict) else dict(outcome)
     d["schema"] = SCHEMA_VERSION
     if include_prompt and prompt is not None:
         d["prompt"] = prompt
