@@ -19,7 +19,6 @@ import os
 import queue
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -30,14 +29,14 @@ from engines.api import (
     InvalidRequest, LoadSnapshot, Overloaded, TokenDelta,
 )
 from engines.config import EngineConfig, LayerDraftConfig, ModelDraftConfig, NgramDraftConfig
-from engines.decode import generate
+from engines.scheduler import Scheduler
 from engines.llama import LlamaModel, pack_for_cpu
 from engines.loading import (
     LoadedModel, check_tokenizers_match, default_cache_dir, default_target_path, load_model,
 )
 from engines.proposers import ModelDraftProposer, NgramProposer, Proposer
 from engines.sampling import validate_sampling
-from engines.text import IncrementalText, encode_prompt
+from engines.text import encode_prompt
 
 log = logging.getLogger(__name__)
 
@@ -93,14 +92,6 @@ class BuiltinHandle:
         self._events.put(_DONE)
 
 
-@dataclass
-class _Load:
-    running: int = 0
-    tokens_per_step: float = 0.0
-    recent_step_s: float = 0.0
-    kv_used_tokens: int = 0
-
-
 class BuiltinEngine:
     def __init__(self, target: LoadedModel, drafts: dict[str, ProposerFactory], config: EngineConfig,
                  start_worker: bool = True):
@@ -113,7 +104,9 @@ class BuiltinEngine:
         self.max_context = min(config.target.max_context, target.model.cfg.max_positions)
         self.eos_ids = frozenset(_eos_ids(target))
         self._queue: queue.Queue[BuiltinHandle | None] = queue.Queue()
-        self._load = _Load()
+        self._sched = Scheduler(self.model, self.tokenizer, self.eos_ids, drafts, config.gamma_max,
+                                config.kv_budget_tokens, config.max_batch, config.prefill_chunk)
+        self._load = LoadSnapshot(kv_limit_tokens=config.kv_budget_tokens)
         self._closed = False
         self._worker: threading.Thread | None = None
         if start_worker:
@@ -141,12 +134,9 @@ class BuiltinEngine:
         return self._arms
 
     def load(self) -> LoadSnapshot:
-        l = self._load  # fields are replaced whole by the worker; a torn read is harmless
-        return LoadSnapshot(
-            running=l.running, waiting=self._queue.qsize(), tokens_per_step=l.tokens_per_step,
-            kv_used_tokens=l.kv_used_tokens, kv_limit_tokens=self.max_context,
-            recent_step_s=l.recent_step_s,
-        )
+        l = self._load  # replaced whole after every step; no lock held across a step
+        return LoadSnapshot(l.running, l.waiting + self._queue.qsize(), l.tokens_per_step, l.kv_used_tokens,
+                            l.kv_limit_tokens, l.recent_step_s)
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer(text)["input_ids"])
@@ -167,7 +157,11 @@ class BuiltinEngine:
             if not self.config.gamma_min <= arm.gamma <= self.config.gamma_max:
                 raise InvalidRequest("arm.gamma", f"must be in [{self.config.gamma_min}, "
                                                   f"{self.config.gamma_max}], got {arm.gamma}")
-        if self._queue.qsize() >= self.config.max_queue:
+        need = len(prompt_ids) + request.sampling.max_tokens + self.config.gamma_max + 1
+        if need > self.config.kv_budget_tokens:
+            raise InvalidRequest("max_tokens", f"prompt plus max_tokens needs {need} KV positions; this engine's "
+                                               f"budget is {self.config.kv_budget_tokens}")
+        if self._queue.qsize() + len(self._sched.waiting) >= self.config.max_queue:
             raise Overloaded(f"engine queue is full ({self.config.max_queue} waiting); retry later")
         handle = BuiltinHandle(request, prompt_ids)
         self._queue.put(handle)
@@ -186,74 +180,37 @@ class BuiltinEngine:
 
     # the decode loop
     def serve_forever(self) -> None:
-        """Run the decode loop on the calling thread until close()."""
+        """Run the batching loop on the calling thread until close(); what is queued
+        at close is still served."""
+        sched, closing = self._sched, False
         while True:
-            handle = self._queue.get()
-            if handle is None:
-                return
-            if handle.cancelled:
-                handle._finish(None, Cancelled(f"request {handle.request_id} cancelled while queued"))
-                continue
-            self._load.running = 1
+            idle = not sched.running and not sched.waiting
             try:
-                handle._finish(self._serve(handle))
-            except EngineError as e:
-                handle._finish(None, e)
-            except Exception as e:  # one bad request must not take the engine down
-                log.exception("request %s failed", handle.request_id)
-                handle._finish(None, EngineError(f"internal error in request {handle.request_id}: {type(e).__name__}"))
-            finally:
-                self._load.running = 0
-                self._load.kv_used_tokens = 0
+                item = self._queue.get(timeout=0.5) if idle else self._queue.get_nowait()
+                while True:
+                    if item is None:
+                        closing = True
+                    else:
+                        sched.waiting.append(item)
+                    item = self._queue.get_nowait()
+            except queue.Empty:
+                pass
+            sched.admit()
+            if sched.running:
+                try:
+                    sched.step()
+                except Exception as e:  # a failed batched forward fails that batch, not the engine
+                    log.exception("engine step failed")
+                    sched.fail_all(EngineError(f"internal error: {type(e).__name__}"))
+            self._publish_load()
+            if closing and not sched.running and not sched.waiting and self._queue.empty():
+                return
 
-    def _serve(self, handle: BuiltinHandle) -> GenerationResult:
-        req, sp = handle.request, handle.request.sampling
-        seed = sp.seed if sp.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
-        stats = GenerationStats(arm=req.arm.name, seed=seed, prompt_tokens=len(handle.prompt_ids))
-        started = time.perf_counter()
-        stats.queue_s = started - handle.enqueued_at
-        capacity = len(handle.prompt_ids) + sp.max_tokens + self.config.gamma_max + 1
-        cache = self.model.new_cache(capacity)
-        proposer = self._drafts[req.arm.draft](capacity) if not req.arm.is_plain else None
-        generator = torch.Generator(device=self.model.device).manual_seed(seed)
-        text = IncrementalText(self.tokenizer, sp.stop)
-        out_ids: list[int] = []
-        finish = "length"
-        steps = generate(self.model, cache, handle.prompt_ids, sp, generator, stats, self.eos_ids,
-                         proposer, req.arm.gamma)
-        last = started
-        try:
-            for new in steps:
-                now = time.perf_counter()
-                if not out_ids:
-                    stats.ttft_s = now - started
-                else:
-                    self._load.recent_step_s = 0.8 * self._load.recent_step_s + 0.2 * (now - last)
-                last = now
-                self._load.tokens_per_step = len(new)
-                self._load.kv_used_tokens = cache.lengths[0]
-                out_ids.extend(new)
-                delta = text.push(new)
-                if delta:
-                    handle._emit(TokenDelta(delta, tuple(new)))
-                if text.stopped:
-                    finish = "stop"
-                    break
-                if handle.cancelled:
-                    finish = "cancelled"
-                    break
-            else:
-                if out_ids and out_ids[-1] in self.eos_ids and not sp.ignore_eos:
-                    finish = "stop"
-        finally:
-            steps.close()
-        tail = text.finish()
-        if tail:
-            handle._emit(TokenDelta(tail, ()))
-        stats.total_s = time.perf_counter() - started
-        stats.output_tokens = len(out_ids)
-        stats.finish_reason = finish
-        return GenerationResult(req.request_id, text.text, tuple(out_ids), stats)
+    def _publish_load(self) -> None:
+        s = self._sched
+        # one attribute assignment: readers never see a half-updated snapshot
+        self._load = LoadSnapshot(running=len(s.running), waiting=len(s.waiting), tokens_per_step=s.last_step_tokens,
+                                  kv_used_tokens=s.kv_used, kv_limit_tokens=s.kv_budget, recent_step_s=s.step_s)
 
 
 def drive_from_side_thread(engine: BuiltinEngine, fn: Callable[[], object]) -> object:

@@ -101,6 +101,13 @@ class EngineConfig(_Strict):
     """Largest speculation length a request may ask for."""
     max_queue: int = Field(64, ge=0)
     """Requests waiting beyond this are refused as overloaded."""
+    max_batch: int = Field(32, ge=1)
+    """Sequences decoded together in one step."""
+    kv_budget_tokens: int = Field(65536, ge=16)
+    """KV cache positions reserved across running requests (prompt + max_tokens + γ_max + 1 each);
+    SmolLM2-135M in float32 takes 46 KB per position, so the default is ~3 GB."""
+    prefill_chunk: int = Field(512, ge=1)
+    """Prompt tokens prefilled per step across requests, so a long prompt never stalls running decodes."""
 
     @model_validator(mode="after")
     def _check(self):

@@ -42,22 +42,31 @@ def speculative_step(model: LlamaModel, cache: KVCache, last_token: int, proposa
                      sampling: SamplingParams, generator: torch.Generator) -> tuple[int, list[int]]:
     """Verify k drafted tokens in one target forward and roll the cache back past
     the rejected ones. Returns (accepted, emitted tokens: accepted + 1)."""
+    start = cache.lengths[0]
+    logits = model.forward(verification_input(last_token, proposal, model.device), cache)  # [k + 1, V]
+    n, emitted = verify(logits, proposal, sampling, generator)
+    cache.lengths[0] = start + 1 + n  # keep last_token and the accepted drafts
+    return n, emitted
+
+
+def verification_input(last_token: int, proposal: Proposal, device) -> torch.Tensor:
+    """[k + 1]: the last sampled token, then the drafts."""
+    return torch.cat([torch.tensor([last_token], device=device), proposal.token_ids])
+
+
+def verify(logits: torch.Tensor, proposal: Proposal, sampling: SamplingParams,
+           generator: torch.Generator) -> tuple[int, list[int]]:
+    """logits [k + 1, V] of the verification forward (row i predicts what follows
+    input i) -> (accepted, emitted tokens). The caller rolls its cache back."""
     drafts = proposal.token_ids  # [k]
     k = drafts.shape[0]
-    start = cache.lengths[0]
-    ids = torch.cat([torch.tensor([last_token], device=model.device), drafts])  # [k + 1]
-    logits = model.forward(ids, cache)  # [k + 1, V]: row i predicts what follows ids[i]
     if sampling.temperature == 0:
         # The one-hot special case of rejection_sample, without a softmax over V.
         best = logits.argmax(dim=-1)  # [k + 1]
         mismatch = (best[:k] != drafts).nonzero()
         n = int(mismatch[0]) if mismatch.numel() else k
-        emitted = drafts[:n].tolist() + [int(best[n])]
-    else:
-        target_probs = logits_to_probs(logits, sampling)  # [k + 1, V]
-        n, emitted = rejection_sample(drafts, proposal.probs, target_probs, generator)
-    cache.lengths[0] = start + 1 + n  # keep last_token and the accepted drafts
-    return n, emitted
+        return n, drafts[:n].tolist() + [int(best[n])]
+    return rejection_sample(drafts, proposal.probs, logits_to_probs(logits, sampling), generator)
 
 
 def generate(model: LlamaModel, cache: KVCache, prompt_ids: list[int], sampling: SamplingParams,

@@ -214,60 +214,86 @@ class LlamaModel:
             self._rope_cache_len = size
         return self._cos[positions], self._sin[positions]
 
-    @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, cache: KVCache, row: int = 0,
-                all_logits: bool = True) -> torch.Tensor:
-        """Run T new tokens of one cache row after its valid prefix.
+    def forward(self, input_ids: torch.Tensor, cache: KVCache, all_logits: bool = True) -> torch.Tensor:
+        """Run T new tokens of one sequence after its cached prefix: forward_many of one."""
+        return self.forward_many([(input_ids, cache, all_logits)])[0]
 
-        input_ids: [T]. Appends their keys/values at positions lengths[row]..+T and
-        advances the row. Returns logits [T, V] (or [1, V] for the last position
-        only, which is all a prefill needs: the head is a fifth of a small model).
+    @torch.inference_mode()
+    def forward_many(self, items: Sequence[tuple[torch.Tensor, KVCache, bool]]) -> list[torch.Tensor]:
+        """One forward over several sequences, each with its own cache and its own
+        number of new tokens (ragged: a decode step, a verification, a prefill chunk).
+
+        items: (input_ids [T_i], cache, all_logits). Appends each sequence's keys and
+        values after its valid prefix and advances it. The matmuls run once over all
+        N = sum(T_i) tokens, so weights are read once per step; attention runs per
+        sequence over its own cache. Returns logits [T_i, V], or [1, V] for the last
+        position only where all_logits is False (a prefill needs no more, and the
+        head is a fifth of a small model).
         """
         cfg = self.cfg
-        T = input_ids.shape[0]
-        start = cache.lengths[row]
-        end = start + T
-        if end > cache.capacity:
-            raise ValueError(f"KV cache full: {end} positions > capacity {cache.capacity}")
-        positions = torch.arange(start, end, device=self.device)
-        cos, sin = self._rope(positions)  # [T, D]
         H, Hk, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         G = H // Hk
-        mask = None
-        if T > 1:
-            # query t (absolute start+t) sees keys 0..start+t; queries are laid out
-            # [Hk, G*T] so the mask repeats per group.
-            mask = torch.ones(T, end, dtype=torch.bool, device=self.device).tril(diagonal=start)
-            mask = mask.repeat(G, 1)  # [G T, S]
+        spans, coss, sins = [], [], []
+        for ids, cache, _ in items:
+            T = ids.shape[0]
+            start = cache.lengths[0]
+            end = start + T
+            if end > cache.capacity:
+                raise ValueError(f"KV cache full: {end} positions > capacity {cache.capacity}")
+            cos, sin = self._rope(torch.arange(start, end, device=self.device))  # [T, D]
+            coss.append(cos)
+            sins.append(sin)
+            mask = None
+            if T > 1:
+                # query t (absolute start+t) sees keys 0..start+t; queries are laid out
+                # [Hk, G*T] so the mask repeats per group.
+                mask = torch.ones(T, end, dtype=torch.bool, device=self.device).tril(diagonal=start).repeat(G, 1)
+            spans.append((T, start, end, mask, cache))
+        one = len(items) == 1
+        ids = items[0][0] if one else torch.cat([it[0] for it in items])  # [N]
+        cos = coss[0] if one else torch.cat(coss)  # [N, D]
+        sin = sins[0] if one else torch.cat(sins)
+        N = ids.shape[0]
 
-        x = F.embedding(input_ids, self.weights.embed)  # [T, E]
+        x = F.embedding(ids, self.weights.embed)  # [N, E]
         eps = cfg.rms_norm_eps
         for slot, layer_id in enumerate(self.layer_ids):
             lw = self.weights.layers[layer_id]
             h = F.rms_norm(x, (cfg.hidden_size,), lw.attn_norm, eps)
-            qkv = linear(h, lw.qkv, lw.qkv_bias)  # [T, (H + 2 Hk) D]
+            qkv = linear(h, lw.qkv, lw.qkv_bias)  # [N, (H + 2 Hk) D]
             q, k, v = qkv.split([H * D, Hk * D, Hk * D], dim=-1)
-            q = _apply_rope(q.view(T, H, D), cos, sin)  # [T, H, D]
-            k = _apply_rope(k.view(T, Hk, D), cos, sin)  # [T, Hk, D]
-            k_cache = cache.k[slot, row]  # [Hk, S_max, D]
-            v_cache = cache.v[slot, row]
-            k_cache[:, start:end] = k.transpose(0, 1)
-            v_cache[:, start:end] = v.view(T, Hk, D).transpose(0, 1)
-            # GQA without copying keys: group g of query heads shares kv head g.
-            qg = q.view(T, Hk, G, D).permute(1, 2, 0, 3).reshape(Hk, G * T, D)  # [Hk, G T, D]
-            attn = F.scaled_dot_product_attention(
-                qg, k_cache[:, :end], v_cache[:, :end], attn_mask=mask
-            )  # [Hk, G T, D]
-            attn = attn.view(Hk, G, T, D).permute(2, 0, 1, 3).reshape(T, H * D)
+            q = _apply_rope(q.view(N, H, D), cos, sin)  # [N, H, D]
+            k = _apply_rope(k.view(N, Hk, D), cos, sin)  # [N, Hk, D]
+            v = v.view(N, Hk, D)
+            outs, off = [], 0
+            for T, start, end, mask, cache in spans:
+                k_cache = cache.k[slot, 0]  # [Hk, S_max, D]
+                v_cache = cache.v[slot, 0]
+                k_cache[:, start:end] = k[off:off + T].transpose(0, 1)
+                v_cache[:, start:end] = v[off:off + T].transpose(0, 1)
+                # GQA without copying keys: group g of query heads shares kv head g.
+                qg = q[off:off + T].view(T, Hk, G, D).permute(1, 2, 0, 3).reshape(Hk, G * T, D)  # [Hk, G T, D]
+                a = F.scaled_dot_product_attention(qg, k_cache[:, :end], v_cache[:, :end], attn_mask=mask)
+                outs.append(a.view(Hk, G, T, D).permute(2, 0, 1, 3).reshape(T, H * D))
+                off += T
+            attn = outs[0] if one else torch.cat(outs)  # [N, H D]
             x = x + linear(attn, lw.o)
             h = F.rms_norm(x, (cfg.hidden_size,), lw.mlp_norm, eps)
-            gate, up = linear(h, lw.gate_up).chunk(2, dim=-1)  # [T, I] each
+            gate, up = linear(h, lw.gate_up).chunk(2, dim=-1)  # [N, I] each
             x = x + linear(F.silu(gate) * up, lw.down)
-        cache.lengths[row] = end
-        if not all_logits:
-            x = x[-1:]
-        x = F.rms_norm(x, (cfg.hidden_size,), self.weights.norm, eps)
-        return linear(x, self.weights.lm_head).float()  # [T or 1, V]
+        for T, start, end, mask, cache in spans:
+            cache.lengths[0] = end
+        # the head only where logits are wanted
+        rows, sizes, off = [], [], 0
+        for (T, *_), (_, _, want_all) in zip(spans, items):
+            rows.append(torch.arange(off, off + T) if want_all else torch.tensor([off + T - 1]))
+            sizes.append(T if want_all else 1)
+            off += T
+        sel = torch.cat(rows).to(self.device) if not (one and items[0][2]) else None
+        xs = x if sel is None else x[sel]
+        xs = F.rms_norm(xs, (cfg.hidden_size,), self.weights.norm, eps)
+        logits = linear(xs, self.weights.lm_head).float()  # [sum sizes, V]
+        return list(logits.split(sizes)) if not one else [logits]
 
 
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -4,6 +4,8 @@ target's own subset of layers (self-speculation: same tensors, no extra weights)
 The draft keeps its own KV cache per request. Before each proposal it keeps the
 longest prefix of what it has cached that still matches the context and feeds
 the rest, so rejected drafts roll back without any bookkeeping by the caller.
+Several requests drafting with the same model draft together: each of the γ
+draft steps is one batched forward (`propose_many`).
 """
 
 from __future__ import annotations
@@ -22,40 +24,60 @@ class ModelDraftProposer:
         self.cache = model.new_cache(capacity)
         self.cached_ids: list[int] = []
 
-    def _sync(self, context: list[int]) -> torch.Tensor:
-        """Roll the cache back to the common prefix with `context`, feed the rest and
-        return logits [1, V] for the next token."""
+    def catch_up(self, context: list[int]) -> torch.Tensor:
+        """Roll the cache back to its common prefix with `context`; the ids still to
+        feed (at least one, so that there are logits for the next token)."""
         common = 0
-        limit = min(len(self.cached_ids), len(context) - 1)  # always feed >= 1 token
+        limit = min(len(self.cached_ids), len(context) - 1)
         while common < limit and self.cached_ids[common] == context[common]:
             common += 1
         self.cache.lengths[0] = common
-        new = context[common:]
-        ids = torch.tensor(new, dtype=torch.long, device=self.model.device)
-        logits = self.model.forward(ids, self.cache, all_logits=False)
-        self.cached_ids = self.cached_ids[:common] + list(new)
-        return logits
+        self.cached_ids = list(context)
+        return torch.tensor(context[common:], dtype=torch.long, device=self.model.device)
+
+    def room(self, context: list[int]) -> int:
+        return self.cache.capacity - len(context)
 
     def propose(self, context: list[int], gamma: int, sampling: SamplingParams,
                 generator: torch.Generator) -> Proposal:
-        room = self.cache.capacity - len(context)
-        gamma = min(gamma, room)
-        if gamma <= 0:
-            return Proposal(torch.empty(0, dtype=torch.long, device=self.model.device), None)
-        logits = self._sync(context)
-        tokens, probs = [], []
-        for i in range(gamma):
-            q = logits_to_probs(logits, sampling)  # [1, V]
-            if sampling.temperature == 0:
-                tok = q.argmax(dim=-1)
-            else:
-                tok = torch.multinomial(q, 1, generator=generator).squeeze(-1)
-            tokens.append(tok)
-            probs.append(q)
-            if i + 1 < gamma:  # the last draft token is never fed: verification will
-                logits = self.model.forward(tok, self.cache, all_logits=False)
-                self.cached_ids.append(int(tok))
-        return Proposal(torch.cat(tokens), torch.cat(probs))
+        return propose_many(self.model, [(self, context, gamma, sampling, generator)])[0]
 
     def observe(self, num_accepted: int) -> None:
         pass
+
+
+def propose_many(model: LlamaModel, requests: list[tuple[ModelDraftProposer, list[int], int, SamplingParams,
+                                                         torch.Generator]]) -> list[Proposal]:
+    """Proposals for several requests whose proposers share `model`, drafted in
+    lockstep: one batched forward per draft position."""
+    empty = Proposal(torch.empty(0, dtype=torch.long, device=model.device), None)
+    gammas = [min(g, p.room(ctx)) for p, ctx, g, _, _ in requests]
+    live = [i for i, g in enumerate(gammas) if g > 0]
+    tokens: dict[int, list[torch.Tensor]] = {i: [] for i in live}
+    probs: dict[int, list[torch.Tensor]] = {i: [] for i in live}
+    if live:
+        outs = model.forward_many([(requests[i][0].catch_up(requests[i][1]), requests[i][0].cache, False)
+                                   for i in live])
+        logits = dict(zip(live, outs))
+        for step in range(max(gammas[i] for i in live)):
+            feed = []
+            for i in live:
+                if step >= gammas[i]:
+                    continue
+                proposer, _, _, sampling, generator = requests[i]
+                q = logits_to_probs(logits[i], sampling)  # [1, V]
+                if sampling.temperature == 0:
+                    tok = q.argmax(dim=-1)
+                else:
+                    tok = torch.multinomial(q, 1, generator=generator).squeeze(-1)
+                tokens[i].append(tok)
+                probs[i].append(q)
+                if step + 1 < gammas[i]:  # the last draft token is never fed: verification will
+                    proposer.cached_ids.append(int(tok))
+                    feed.append(i)
+            if not feed:
+                break
+            outs = model.forward_many([(tokens[i][-1], requests[i][0].cache, False) for i in feed])
+            logits.update(zip(feed, outs))
+    return [Proposal(torch.cat(tokens[i]), torch.cat(probs[i])) if i in tokens else empty
+            for i in range(len(requests))]

@@ -1,0 +1,172 @@
+"""Continuous batching: outputs do not depend on the batch, the statistical
+lossless property holds batched, admission is FIFO within the KV budget, long
+prefills are chunked, and forward_many equals separate forwards."""
+
+import threading
+import time
+
+import pytest
+import torch
+
+from engines.api import Arm, GenerationRequest, SamplingParams
+from engines.builtin import BuiltinEngine
+from engines.config import EngineConfig, NgramDraftConfig, TargetConfig
+from engines.llama import LlamaModel
+from engines.proposers import ModelDraftProposer, NgramProposer
+from tests.engines.tiny import lean_from_hf, tiny_hf_model, tiny_loaded
+
+CONFIG = EngineConfig(target=TargetConfig(max_context=128), drafts=[NgramDraftConfig()], gamma_max=8,
+                      max_queue=64, max_batch=16, prefill_chunk=16)
+
+
+def make_engine(config=CONFIG, start=False):
+    target = tiny_loaded(scale=4.0)
+    sub = LlamaModel(target.model.cfg, target.model.weights, [0, 1])
+    drafts = {"ngram": lambda cap: NgramProposer(1, 3), "half": lambda cap: ModelDraftProposer(sub, cap)}
+    return BuiltinEngine(target, drafts, config, start_worker=start)
+
+
+def run_together(engine, requests):
+    """Submit all before the loop starts, so they share steps; then serve."""
+    handles = [engine.submit(r) for r in requests]
+    t = threading.Thread(target=engine.serve_forever, daemon=True)
+    t.start()
+    results = [h.result(60) for h in handles]
+    engine.close()
+    t.join(10)
+    return results
+
+
+def req(i, ids, arm="plain", **sp):
+    return GenerationRequest(request_id=str(i), prompt_token_ids=tuple(ids), arm=Arm.parse(arm),
+                             sampling=SamplingParams(**{"max_tokens": 20, **sp}))
+
+
+PROMPTS = [[5, 6, 7, 5, 6], [9, 3, 12, 30, 2, 2, 8, 9, 3, 12, 30, 2, 2, 8, 4, 4, 4, 4, 9, 10, 11, 12, 13],
+           [20], list(range(2, 34)), [33, 34, 33, 34, 33], [3, 3, 3], [10, 11, 10, 11], [8, 9, 10, 11, 12, 13]]
+
+
+def test_forward_many_equals_separate_forwards():
+    model = lean_from_hf(tiny_hf_model())
+    seqs = [torch.randint(0, 30, (n,)) for n in (1, 5, 9)]
+    sep = [model.forward(s, model.new_cache(16)) for s in seqs]
+    together = model.forward_many([(s, model.new_cache(16), True) for s in seqs])
+    for a, b in zip(sep, together):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_greedy_output_is_the_same_alone_with_plain_neighbours_and_with_mixed_arms():
+    alone = run_together(make_engine(), [req(0, PROMPTS[1], "ngram:4")])[0].token_ids
+    with_plain = run_together(make_engine(), [req(0, PROMPTS[1], "ngram:4")] +
+                              [req(i, p) for i, p in enumerate(PROMPTS[:7], start=1)])
+    arms = ["half:3", "ngram:1", "plain", "half:6", "ngram:8", "plain", "half:1"]
+    mixed = run_together(make_engine(), [req(0, PROMPTS[1], "ngram:4")] +
+                         [req(i, p, arms[i - 1]) for i, p in enumerate(PROMPTS[:7], start=1)])
+    assert with_plain[0].token_ids == alone == mixed[0].token_ids
+    # and every neighbour got what it gets alone, whatever its arm
+    for i, p in enumerate(PROMPTS[:7], start=1):
+        solo = run_together(make_engine(), [req(i, p)])[0].token_ids
+        assert with_plain[i].token_ids == solo == mixed[i].token_ids, f"prompt {i} ({arms[i - 1]})"
+    assert sum(r.stats.accepted for r in mixed) > 0
+
+
+def test_seeded_sampling_is_reproducible_regardless_of_neighbours():
+    def target(neighbours):
+        reqs = [req(0, PROMPTS[0], "half:3", temperature=1.0, seed=42)]
+        reqs += [req(i, p, "ngram:2", temperature=0.8) for i, p in enumerate(PROMPTS[2:2 + neighbours], start=1)]
+        return run_together(make_engine(), reqs)[0].token_ids
+
+    assert target(0) == target(3) == target(6)
+
+
+def test_batched_speculative_sampling_follows_the_target_distribution():
+    from scipy.stats import chisquare
+
+    from tests.engines.test_decode import exact_joint_of_first_tokens
+
+    hf = tiny_hf_model(vocab=10, seed=3, scale=1.5, layers=3)
+    target = lean_from_hf(hf)
+    sub = LlamaModel(target.cfg, target.weights, [0])
+    from engines.loading import LoadedModel
+    from tests.engines.tiny import tiny_tokenizer
+
+    loaded = LoadedModel(target, tiny_tokenizer(["<unk>", "<eos>"] + [f"w{i}" for i in range(8)]), hf.config, "t")
+    sp = SamplingParams(max_tokens=4, temperature=1.0, top_p=0.8, ignore_eos=True)
+    prompt = [2, 3, 4, 2, 3, 4, 2]
+    exact = exact_joint_of_first_tokens(target, prompt, sp, 4)
+    cfg = EngineConfig(target=TargetConfig(max_context=64), drafts=[], gamma_max=2, max_queue=4096,
+                       max_batch=64)
+    eng = BuiltinEngine(loaded, {"half": lambda cap: ModelDraftProposer(sub, cap),
+                                 "ngram": lambda cap: NgramProposer(1, 2)}, cfg, start_worker=False)
+    trials = 1500
+    reqs = [GenerationRequest(request_id=str(s), prompt_token_ids=tuple(prompt), sampling=
+                              SamplingParams(**{**sp.__dict__, "seed": s}), arm=Arm("half" if s % 2 else "ngram", 2))
+            for s in range(trials)]
+    results = run_together(eng, reqs)
+    counts = {}
+    for r in results:
+        counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
+    assert set(counts) <= set(exact)
+    for pos in [(1, 2), (2, 3)]:
+        me, mo = {}, {}
+        for seq, pr in exact.items():
+            k = tuple(seq[i] for i in pos)
+            me[k] = me.get(k, 0) + pr
+            mo[k] = mo.get(k, 0) + counts.get(seq, 0)
+        big = [k for k in me if me[k] * trials >= 5]
+        rest = [k for k in me if me[k] * trials < 5]
+        obs = [mo[k] for k in big] + ([sum(mo[k] for k in rest)] if rest else [])
+        exp = [me[k] * trials for k in big] + ([sum(me[k] for k in rest) * trials] if rest else [])
+        assert chisquare(obs, exp, sum_check=False).pvalue > 1e-3
+
+
+def test_admission_is_fifo_within_the_kv_budget():
+    cfg = CONFIG.model_copy(update={"kv_budget_tokens": 80, "max_batch": 8})
+    eng = make_engine(cfg)
+    # each reserves 5 + 20 + 8 + 1 = 34 positions: two fit, the third waits
+    handles = [eng.submit(req(i, PROMPTS[0], max_tokens=20, ignore_eos=True)) for i in range(5)]
+    sched = eng._sched
+    while not eng._queue.empty():
+        sched.waiting.append(eng._queue.get_nowait())
+    sched.admit()
+    assert [r.handle.request_id for r in sched.running] == ["0", "1"] and len(sched.waiting) == 3
+    assert sched.kv_used == 68 <= 80
+    order = []
+    while sched.running or sched.waiting:
+        sched.step()
+        sched.admit()
+        order += [h.request_id for h in handles if h._finished.is_set() and h.request_id not in order]
+        assert sched.kv_used <= 80
+    assert order == ["0", "1", "2", "3", "4"]
+
+
+def test_a_long_prefill_is_chunked_and_does_not_stall_running_decodes():
+    eng = make_engine(CONFIG.model_copy(update={"prefill_chunk": 8}))
+    sched = eng._sched
+    short = eng.submit(req(0, PROMPTS[0], max_tokens=30, ignore_eos=True))
+    sched.waiting.append(eng._queue.get_nowait())
+    sched.admit()
+    sched.step()  # short prefilled, first token out
+    long = eng.submit(req(1, list(range(2, 34)) * 2, max_tokens=3))  # 64 prompt tokens
+    sched.waiting.append(eng._queue.get_nowait())
+    sched.admit()
+    for _ in range(4):  # 64 / 8 = 8 steps of prefill; the short one decodes at every one of them
+        before = len(sched.running[0].out_ids)
+        sched.step()
+        assert len(sched.running[0].out_ids) > before
+        assert sched.last_step_tokens <= 8 + 1
+    del short, long
+
+
+def test_cancel_frees_the_slot_at_the_next_step():
+    eng = make_engine()
+    sched = eng._sched
+    h = eng.submit(req(0, PROMPTS[0], max_tokens=50, ignore_eos=True))
+    sched.waiting.append(eng._queue.get_nowait())
+    sched.admit()
+    sched.step()
+    assert sched.kv_used > 0
+    h.cancel()
+    sched.step()
+    assert not sched.running and sched.kv_used == 0
+    assert h.result(1).stats.finish_reason == "cancelled"
