@@ -74,6 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_arguments(b)
     b.set_defaults(func=cmd_bench_engine)
 
+    from engines import bench_load
+
+    bl = sub.add_parser("bench-load", help="throughput and latency of every arm at concurrency 1..32",
+                        description=bench_load.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench_load.add_arguments(bl)
+    bl.set_defaults(func=lambda args: bench_load.main(args))
+
     g = sub.add_parser("engine-generate", help="generate with the built-in engine in this process")
     g.add_argument("prompt", help="user message (chat template applied) or, with --raw, raw text")
     g.add_argument("--arm", default="plain", help="plain or DRAFT:GAMMA, e.g. ngram:4 (default: %(default)s)")

@@ -54,6 +54,15 @@ def response_pb(request_id: str, s: Served) -> pb.GenerateResponse:
         timings=pb.Timings(queue_s=s.queue_s, ttft_s=s.ttft_s, total_s=s.total_s), engine=s.engine, seed=st.seed)
 
 
+def engine_status_pb(id: str, address: str, healthy: bool, arms, load, max_context: int) -> pb.EngineStatus:
+    return pb.EngineStatus(
+        id=id, address=address, healthy=healthy, drafts=list(arms.drafts), gamma_min=arms.gamma_min,
+        gamma_max=arms.gamma_max, max_context=max_context,
+        load=pb.Load(running=load.running, waiting=load.waiting, tokens_per_step=load.tokens_per_step,
+                     kv_used_tokens=load.kv_used_tokens, kv_limit_tokens=load.kv_limit_tokens,
+                     recent_step_s=load.recent_step_s))
+
+
 def abort_for(context, e: Exception, request_id: str):
     """Map an error to its status code. Unexpected errors say INTERNAL with the
     request id (the traceback goes to the log, never to the client)."""
@@ -115,15 +124,8 @@ class GatewayServicer(pb_grpc.GatewayServicer):
             waiting=f.waiting, tenant=f.tenant))
 
     def GetStatus(self, request, context):
-        engines = []
-        for e in self.service.router.endpoints:
-            a, l = e.arms(), e.load()
-            engines.append(pb.EngineStatus(
-                id=e.id, address=e.address, healthy=e.healthy, drafts=list(a.drafts), gamma_min=a.gamma_min,
-                gamma_max=a.gamma_max, max_context=e.max_context(),
-                load=pb.Load(running=l.running, waiting=l.waiting, tokens_per_step=l.tokens_per_step,
-                             kv_used_tokens=l.kv_used_tokens, kv_limit_tokens=l.kv_limit_tokens,
-                             recent_step_s=l.recent_step_s)))
+        engines = [engine_status_pb(e.id, e.address, e.healthy, e.arms(), e.load(), e.max_context())
+                   for e in self.service.router.endpoints]
         p = self.service.policy
         return pb.GetStatusResponse(engines=engines, policy_version=p.model.version, rules_version=p.rules.digest)
 
@@ -152,13 +154,7 @@ class EngineServicer(pb_grpc.EngineServicer):
             abort_for(context, e, request.request_id)
 
     def Status(self, request, context):
-        a, l = self.engine.arms(), self.engine.load()
-        return pb.EngineStatus(
-            id=self.id, address="", healthy=True, drafts=list(a.drafts), gamma_min=a.gamma_min,
-            gamma_max=a.gamma_max, max_context=self.engine.max_context,
-            load=pb.Load(running=l.running, waiting=l.waiting, tokens_per_step=l.tokens_per_step,
-                         kv_used_tokens=l.kv_used_tokens, kv_limit_tokens=l.kv_limit_tokens,
-                         recent_step_s=l.recent_step_s))
+        return engine_status_pb(self.id, "", True, self.engine.arms(), self.engine.load(), self.engine.max_context)
 
     def CountTokens(self, request, context):
         return pb.CountTokensResponse(tokens=self.engine.count_tokens(request.text))
