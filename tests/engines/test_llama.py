@@ -4,14 +4,15 @@ import torch
 from tests.engines.tiny import lean_from_hf, tiny_hf_model
 
 
-@pytest.mark.parametrize("model_type,kv_heads", [("llama", 2), ("llama", 4), ("qwen2", 2)])
-def test_logits_match_hugging_face(model_type, kv_heads):
+@pytest.mark.parametrize("model_type,kv_heads,n", [("llama", 2, 12), ("llama", 4, 12), ("qwen2", 2, 12),
+                                                    ("llama", 2, 40)])  # 40: the fused causal prefill path
+def test_logits_match_hugging_face(model_type, kv_heads, n):
     hf = tiny_hf_model(model_type=model_type, kv_heads=kv_heads)
     lean = lean_from_hf(hf)
-    ids = torch.randint(0, hf.config.vocab_size, (12,))
+    ids = torch.randint(0, hf.config.vocab_size, (n,))
     with torch.no_grad():
         ref = hf(ids[None]).logits[0]  # [T, V]
-    ours = lean.forward(ids, lean.new_cache(32))
+    ours = lean.forward(ids, lean.new_cache(64))
     # HF computes RMSNorm in float32 even for float64 models, hence 1e-6, not 1e-12.
     torch.testing.assert_close(ours.double(), ref, rtol=1e-6, atol=1e-6)
 

@@ -57,3 +57,28 @@ default: {}
 def test_shipped_default_rules_are_valid():
     rules = load_rules(REPO / "policy" / "default_rules.yaml")
     assert rules.rules and rules.digest
+
+
+def test_a_running_gateway_reloads_valid_rules_and_keeps_the_old_on_an_invalid_file(tmp_path):
+    import time
+
+    from gateway.service import PolicyState
+
+    path = tmp_path / "rules.yaml"
+    path.write_text("default: {explore: 0.0}\n")
+    state = PolicyState(load_rules(path), rules_path=str(path))
+    state.watch_rules(0.05)
+    try:
+        first = state.rules.digest
+        path.write_text("rules:\n  - {name: all-plain, then: {force: plain}}\ndefault: {}\n")
+        deadline = time.monotonic() + 5
+        while state.rules.digest == first and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [r.name for r in state.rules.rules] == ["all-plain"]
+        good = state.rules.digest
+        path.write_text("rules:\n  - {name: broken, then: {forse: plain}}\ndefault: {}\n")
+        time.sleep(0.5)
+        assert state.rules.digest == good  # refused; the previous rules stay live
+        assert state.reload_rules() is False
+    finally:
+        state.close()
