@@ -27,7 +27,7 @@ BUNDLED = Path(__file__).resolve().parent / "data" / "category_classifier.json"
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 
 
-def prompt_head(text: str, limit: int = 1000) -> str:
+def prompt_head(text: str, limit: int = 600) -> str:
     """The start and the end of long prompts: the instruction sits at one of them,
     and featurising a 20k-character document would cost milliseconds."""
     if len(text) <= limit:

@@ -45,7 +45,8 @@ class RequestFeatures:
 
 def copy_signal(text: str) -> float:
     """0..1 from copy cues and from how much a long prompt gives to copy from."""
-    head = text if len(text) <= 1500 else text[:1000] + " " + text[-500:]
+    # the cues sit in the instruction, at the start or the end of the prompt
+    head = text if len(text) <= 700 else text[:400] + " " + text[-300:]
     cues = len(_COPY_CUES.findall(head))
     quoted = text.count('"') + text.count("\n") + text.count("“")
     size = min(len(text) / 4000, 1.0)
