@@ -73,23 +73,43 @@ def verify_cost(engine: BuiltinEngine, context: int = 256, repeats: int = 7) -> 
     return {t: statistics.median(v) for t, v in out.items()}
 
 
-def hf_generate_runner(engine: BuiltinEngine):
-    """Hugging Face generate on the same weights and dtype as the engine's target."""
+def _hf_worker(source: str, dtype: str, conn) -> None:
+    """Hugging Face generate in a process of its own (see hf_generate_runner)."""
     from transformers import AutoModelForCausalLM
 
-    dtype = getattr(torch, engine.config.target.dtype)
-    hf = AutoModelForCausalLM.from_pretrained(engine.target.source, dtype=dtype).eval()
-
-    def run(prompt_ids: list[int], max_tokens: int, pld: int | None) -> tuple[list[int], float]:
+    hf = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype)).eval()
+    conn.send("ready")
+    while (job := conn.recv()) is not None:
+        prompt_ids, max_tokens, pld, pad = job
         ids = torch.tensor([prompt_ids])
-        kw = dict(max_new_tokens=max_tokens, do_sample=False, pad_token_id=engine.tokenizer.eos_token_id)
+        kw = dict(max_new_tokens=max_tokens, do_sample=False, pad_token_id=pad)
         if pld:
             kw["prompt_lookup_num_tokens"] = pld
         t0 = time.perf_counter()
         with torch.inference_mode():
             out = hf.generate(ids, attention_mask=torch.ones_like(ids), **kw)
-        return out[0, len(prompt_ids):].tolist(), time.perf_counter() - t0
+        conn.send((out[0, len(prompt_ids):].tolist(), time.perf_counter() - t0))
 
+
+def hf_generate_runner(engine: BuiltinEngine):
+    """Hugging Face generate on the same weights and dtype as the engine's target, in a
+    separate process: run in this process, its OpenMP thread pool slowed the engine's
+    decode step from ~52 to ~78 ms for the rest of the run."""
+    import multiprocessing as mp
+
+    parent, child = mp.get_context("spawn").Pipe()
+    proc = mp.get_context("spawn").Process(target=_hf_worker, args=(engine.target.source,
+                                                                    engine.config.target.dtype, child), daemon=True)
+    proc.start()
+    if parent.recv() != "ready":
+        raise RuntimeError("the Hugging Face baseline process did not start")
+    pad = engine.tokenizer.eos_token_id
+
+    def run(prompt_ids: list[int], max_tokens: int, pld: int | None) -> tuple[list[int], float]:
+        parent.send((prompt_ids, max_tokens, pld, pad))
+        return parent.recv()
+
+    run.close = lambda: (parent.send(None), proc.join(10))
     return run
 
 
@@ -127,6 +147,8 @@ def run_bench(engine: BuiltinEngine, rows: list[dict], arms: list[str], max_toke
                 done += 1
                 log(f"[{done}/{total}] {time.perf_counter() - t_start:6.0f}s {cat:<14} {name:<12} "
                     f"{len(out) / secs:6.1f} tok/s")
+    if hf:
+        hf.close()
     return summarize(cells, mismatches, arms, hf_pld if hf else ())
 
 

@@ -15,7 +15,6 @@ loop on a thread of its own.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
@@ -25,8 +24,7 @@ from typing import Callable, Iterator
 import torch
 
 from engines.api import (
-    Arm, ArmInfo, Cancelled, EngineError, GenerationRequest, GenerationResult, GenerationStats,
-    InvalidRequest, LoadSnapshot, Overloaded, TokenDelta,
+    ArmInfo, EngineError, GenerationRequest, GenerationResult, InvalidRequest, LoadSnapshot, Overloaded, TokenDelta,
 )
 from engines.config import EngineConfig, LayerDraftConfig, ModelDraftConfig, NgramDraftConfig
 from engines.scheduler import Scheduler

@@ -10,8 +10,6 @@
 from __future__ import annotations
 
 import multiprocessing as mp
-import statistics
-import threading
 import time
 
 from engines.api import ArmInfo, GenerationResult, GenerationStats, LoadSnapshot, TokenDelta

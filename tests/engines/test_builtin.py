@@ -4,7 +4,6 @@ import threading
 import time
 
 import pytest
-import torch
 
 from engines.api import (
     Arm, Cancelled, ChatMessage, GenerationRequest, InvalidRequest, Overloaded, SamplingParams,

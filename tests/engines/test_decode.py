@@ -1,6 +1,5 @@
 """Speculative decoding against plain decoding on tiny float64 models."""
 
-import itertools
 
 import pytest
 import torch

@@ -3,9 +3,7 @@ lossless property holds batched, admission is FIFO within the KV budget, long
 prefills are chunked, and forward_many equals separate forwards."""
 
 import threading
-import time
 
-import pytest
 import torch
 
 from engines.api import Arm, GenerationRequest, SamplingParams
@@ -143,11 +141,11 @@ def test_admission_is_fifo_within_the_kv_budget():
 def test_a_long_prefill_is_chunked_and_does_not_stall_running_decodes():
     eng = make_engine(CONFIG.model_copy(update={"prefill_chunk": 8}))
     sched = eng._sched
-    short = eng.submit(req(0, PROMPTS[0], max_tokens=30, ignore_eos=True))
+    eng.submit(req(0, PROMPTS[0], max_tokens=30, ignore_eos=True))
     sched.waiting.append(eng._queue.get_nowait())
     sched.admit()
     sched.step()  # short prefilled, first token out
-    long = eng.submit(req(1, list(range(2, 34)) * 2, max_tokens=3))  # 64 prompt tokens
+    eng.submit(req(1, list(range(2, 34)) * 2, max_tokens=3))  # 64 prompt tokens
     sched.waiting.append(eng._queue.get_nowait())
     sched.admit()
     for _ in range(4):  # 64 / 8 = 8 steps of prefill; the short one decodes at every one of them
@@ -155,7 +153,6 @@ def test_a_long_prefill_is_chunked_and_does_not_stall_running_decodes():
         sched.step()
         assert len(sched.running[0].out_ids) > before
         assert sched.last_step_tokens <= 8 + 1
-    del short, long
 
 
 def test_cancel_frees_the_slot_at_the_next_step():

@@ -16,7 +16,7 @@ from tests.gateway.conftest import key, request, start_gateway, tiny_engine
 
 def test_generate_returns_text_decision_stats_and_request_id(gw):
     resp, call = gw.stub.Generate.with_call(request(arm="ngram:3"), metadata=(("x-request-id", "abc-123"),))
-    assert resp.request_id == "abc-123" and ("x-request-id", "abc-123") in call.initial_metadata()
+    assert resp.request_id == "abc-123" and ("x-request-id", "abc-123") in call.trailing_metadata()
     assert resp.text and resp.usage.output_tokens > 0 and resp.usage.prompt_tokens > 0
     d = resp.decision
     assert d.arm == "ngram:3" and d.source == "request" and d.speculative and d.draft == "ngram" and d.gamma == 3
@@ -31,7 +31,9 @@ def test_generated_request_ids_are_unique(gw):
 
 
 def test_stream_chunks_add_up_to_the_final_text(gw):
-    events = list(gw.stub.GenerateStream(request(max_tokens=12)))
+    call = gw.stub.GenerateStream(request(max_tokens=12), metadata=(("x-request-id", "s-1"),))
+    assert ("x-request-id", "s-1") in call.initial_metadata()  # before the first chunk
+    events = list(call)
     assert events[-1].HasField("final") and all(e.HasField("text") for e in events[:-1])
     assert "".join(e.text for e in events[:-1]) == events[-1].final.text
     assert len(events) > 2
@@ -251,7 +253,6 @@ def test_drain_finishes_in_flight_calls_and_refuses_new_ones():
             t.start()
         time.sleep(0.3)  # all three are in flight
         stopped = drain(g.server, g.health, grace_s=20)
-        h = health_pb2_grpc.HealthStub(g.channel)
         with pytest.raises(grpc.RpcError) as e:  # new calls are refused
             g.stub.Generate(request(), timeout=5)
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -259,7 +260,6 @@ def test_drain_finishes_in_flight_calls_and_refuses_new_ones():
             t.join(30)
         assert not errors and len(results) == 3 and all(r.usage.output_tokens == 15 for r in results)
         assert stopped.wait(10)
-        del h
     finally:
         g.engine.close()
         g.channel.close()

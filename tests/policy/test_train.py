@@ -6,7 +6,7 @@ import random
 import numpy as np
 import pytest
 
-from engines.api import Arm, ArmInfo
+from engines.api import ArmInfo
 from policy.features import RequestFeatures
 from policy.model import PolicyModel, expected_tokens_per_round, prior_model
 from policy.train import alpha_from_tokens_per_round, fit, greedy_arm, offline_value
