@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from dataclasses import dataclass
 from typing import Iterator, Protocol
 
 import grpc
 
 from engines.api import (
-    Arm, ArmInfo, ChatMessage, EngineError, GenerationRequest, GenerationResult, GenerationStats,
+    Arm, ArmInfo, EngineError, GenerationRequest, GenerationResult, GenerationStats,
     InvalidRequest, LoadSnapshot, Overloaded, TokenDelta,
 )
 from gateway.pb import specgate_pb2 as pb
@@ -283,16 +282,3 @@ class Router:
         for e in self.endpoints:
             if isinstance(e, RemoteEndpoint):
                 e.close()
-
-
-def chat_messages(messages) -> tuple[ChatMessage, ...]:
-    return tuple(ChatMessage(m.role, m.content) for m in messages)
-
-
-def wait_healthy(router: Router, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if router.healthy():
-            return True
-        time.sleep(0.05)
-    return False

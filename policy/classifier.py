@@ -122,18 +122,7 @@ class CategoryClassifier:
         return cls(d["classes"], coef, np.array(d["intercept"]), d.get("cv_accuracy"))
 
 
-SEED = Path(__file__).resolve().parent / "data" / "category_seed.jsonl"
-
-
 def specbench_training_set(rows: list[dict]) -> tuple[list[str], list[str]]:
     """The first turn of every Spec-Bench row, labelled with the product category
     (later turns refer back to it and say little on their own)."""
     return [r["turns"][0] for r in rows], [SPECBENCH_TO_CATEGORY[r["category"]] for r in rows]
-
-
-def seed_training_set(path: Path = SEED) -> tuple[list[str], list[str]]:
-    """A few short hand-written prompts per category: Spec-Bench's summarization
-    and rag prompts are all long documents, so without these a short request
-    would never look like them."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r["text"] for r in rows], [r["category"] for r in rows]
