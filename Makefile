@@ -27,9 +27,9 @@ $(STAMP): pyproject.toml
 run: setup
 	$(VENV)/bin/specgate serve
 
-# The engine benchmark behind the README's figures (about 50 minutes on 2 cores).
+# The engine benchmark behind the README's figures (about 20 minutes on 2 cores).
 bench-engine: setup
-	$(VENV)/bin/specgate bench-engine --per-category 2 --max-tokens 128 --out bench-out/engine.json
+	$(VENV)/bin/specgate bench-engine --per-category 1 --max-tokens 128 --out bench-out/engine.json
 
 test: setup
 	$(PY) -m pytest -q
