@@ -1,8 +1,9 @@
 """The built-in engine: torch models in this process, one decode loop.
 
 Requests are validated and tokenized on the caller's thread (so bad input fails
-fast and never reaches the loop), queued FIFO, and decoded one at a time by the
-loop, which streams deltas back through each request's handle.
+fast and never reaches the loop), queued FIFO, and decoded together by the loop
+with continuous batching (engines/scheduler.py), which streams deltas back
+through each request's handle.
 
 Where the loop runs matters on CPU: oneDNN's OpenMP matmuls ran ~1.6x slower
 when called from a secondary Python thread than from the process's main thread
