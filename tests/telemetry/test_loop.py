@@ -102,8 +102,9 @@ def test_spans_carry_decision_and_outcome_attributes_and_continue_the_callers_tr
     try:
         stub = pb_grpc.GatewayStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
         trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
-        stub.Generate(pb.GenerateRequest(prompt="hello world the cat", max_tokens=6, temperature=0.3, arm="ngram:3"),
-                      metadata=(("traceparent", f"00-{trace_id}-00f067aa0ba902b7-01"),))
+        resp = stub.Generate(pb.GenerateRequest(prompt="hello world the cat", max_tokens=6, temperature=0.3,
+                                                arm="ngram:3"),
+                             metadata=(("traceparent", f"00-{trace_id}-00f067aa0ba902b7-01"),))
         spans = {s.name: s for s in exporter.get_finished_spans()}
         root = spans["specgate.generate_request"]
         assert format(root.context.trace_id, "032x") == trace_id  # continued, not a new trace
@@ -111,7 +112,9 @@ def test_spans_carry_decision_and_outcome_attributes_and_continue_the_callers_tr
         for child in ("specgate.decide", "specgate.queue", "specgate.engine_generation"):
             assert spans[child].parent.span_id == root.context.span_id, child
         a = root.attributes
-        assert abs(a["gen_ai.request.temperature"] - 0.3) < 1e-6 and a["gen_ai.usage.output_tokens"] == 6
+        # sampled: EOS may come early, so compare with what the response reported
+        assert abs(a["gen_ai.request.temperature"] - 0.3) < 1e-6
+        assert a["gen_ai.usage.output_tokens"] == resp.usage.output_tokens >= 1
         assert a["specgate.arm"] == "ngram:3" and a["specgate.draft"] == "ngram" and a["specgate.gamma"] == 3
         for k in ("specgate.category", "specgate.expected_output_tokens", "specgate.load", "specgate.decision.source",
                   "specgate.rule", "specgate.policy_version", "specgate.predicted_speedup", "specgate.explored",
