@@ -20,6 +20,7 @@ import torch
 from engines.api import Arm, ChatMessage, GenerationRequest, SamplingParams
 from engines.builtin import BuiltinEngine, drive_from_side_thread
 from engines.config import EngineConfig
+from engines.text import encode_prompt
 
 DEFAULT_ARMS = ("plain", "ngram:2", "ngram:4", "ngram:8", "selfspec:2", "selfspec:4")
 DEFAULT_HF_PLD = (4, 10)
@@ -139,7 +140,7 @@ def run_bench(engine: BuiltinEngine, rows: list[dict], arms: list[str], max_toke
             log(f"[{done}/{total}] {time.perf_counter() - t_start:6.0f}s {cat:<14} {arm:<12} "
                 f"{s.tokens_per_s:6.1f} tok/s  acc {s.acceptance_rate:.2f}  mal {s.mean_accepted_length:.2f}")
         if hf:
-            prompt_ids = engine.submit(GenerationRequest(arm=Arm(), **{**req, "sampling": SamplingParams(max_tokens=1)})).prompt_ids
+            prompt_ids = encode_prompt(engine.tokenizer, GenerationRequest(**req))
             for pld in (None, *hf_pld):
                 name = "hf" if pld is None else f"hf-pld:{pld}"
                 out, secs = hf(prompt_ids, max_tokens, pld)

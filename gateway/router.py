@@ -254,9 +254,9 @@ class Router:
             return ArmInfo((), 1, 1)
         return ArmInfo(drafts, min(e.arms().gamma_min for e in live), max(e.arms().gamma_max for e in live))
 
-    def _score(self, e: Endpoint) -> tuple[int, int]:
+    def _score(self, e: Endpoint) -> int:
         l = e.load()
-        return (l.running + l.waiting + self._inflight.get(e.id, 0), 0)
+        return l.running + l.waiting + self._inflight.get(e.id, 0)
 
     def least_loaded_load(self) -> LoadSnapshot:
         live = self.healthy()

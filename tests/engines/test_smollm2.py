@@ -7,6 +7,7 @@ import torch
 from engines.api import Arm, ChatMessage, GenerationRequest, SamplingParams
 from engines.builtin import BuiltinEngine
 from engines.config import EngineConfig
+from engines.text import encode_prompt
 
 pytestmark = pytest.mark.slow
 NEAR_TIE = 1e-4
@@ -49,8 +50,7 @@ def test_greedy_arms_equal_plain_on_dev_prompts(engine, specbench_rows, category
                                                  sampling=sp))
 
     plain = run("plain")
-    prompt_ids = engine.submit(GenerationRequest(request_id="p", messages=messages,
-                                                 sampling=SamplingParams(max_tokens=1))).prompt_ids
+    prompt_ids = encode_prompt(engine.tokenizer, GenerationRequest(request_id="p", messages=messages))
     for arm in ["ngram:2", "ngram:8", "selfspec:4"]:
         out = run(arm)
         a, b = list(plain.token_ids), list(out.token_ids)
