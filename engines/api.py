@@ -33,6 +33,17 @@ class Cancelled(EngineError):
     """The request was cancelled before it finished."""
 
 
+class EngineUnavailable(EngineError):
+    """The endpoint could not be reached, failed, or died mid-request."""
+
+    def __init__(self, message: str, streamed: bool = False, retryable: bool | None = None):
+        super().__init__(message)
+        self.streamed = streamed  # whether output had reached the client
+        # another endpoint may take the request only when this one never started it
+        # (connection refused or reset before an answer); never after output
+        self.retryable = (not streamed) if retryable is None else (retryable and not streamed)
+
+
 class TokenizerMismatch(EngineError):
     """A draft's tokenizer differs from the target's: its proposals would be meaningless."""
 
@@ -117,6 +128,8 @@ class GenerationStats:
     prefill_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0  # target forwards after prefill (plain decode steps count here)
+    acceptance_source: str = "measured"  # measured (per round, by this engine), reported (totals from the
+    # serving engine's response), estimated (from its metrics counters), unknown (drafted/accepted left empty)
     ttft_s: float = 0.0  # from start of service (after queue) to first token
     total_s: float = 0.0  # from start of service to the last token
 
@@ -190,16 +203,32 @@ class ArmInfo:
     drafts: tuple[str, ...]
     gamma_min: int
     gamma_max: int
+    only: frozenset[Arm] | None = None
+    """An explicit menu (servers configured per arm, e.g. a vLLM with K=4): only
+    these arms, plain included only if listed. None: plain plus every draft at
+    every γ in the range."""
 
     def allows(self, arm: Arm) -> bool:
+        if self.only is not None:
+            return arm in self.only
         return arm.is_plain or (
             arm.draft in self.drafts and self.gamma_min <= arm.gamma <= self.gamma_max
         )
 
     def all_arms(self) -> list[Arm]:
+        if self.only is not None:
+            return sorted(self.only, key=lambda a: (not a.is_plain, a.draft or "", a.gamma))  # plain first
         return [Arm()] + [
             Arm(d, g) for d in self.drafts for g in range(self.gamma_min, self.gamma_max + 1)
         ]
+
+    @staticmethod
+    def of(arms) -> "ArmInfo":
+        """The menu of exactly these arms."""
+        arms = frozenset(arms)
+        spec = [a for a in arms if not a.is_plain]
+        return ArmInfo(tuple(sorted({a.draft for a in spec})), min((a.gamma for a in spec), default=1),
+                       max((a.gamma for a in spec), default=1), arms)
 
 
 class GenerationHandle(Protocol):

@@ -60,6 +60,8 @@ def add_commands(sub) -> None:
     r.add_argument("--every", type=int, default=500, help="retrain after this many new outcomes (default: %(default)s)")
     r.add_argument("--interval", type=float, help="also retrain every this many seconds when anything is new")
     r.add_argument("--window", type=int, default=50_000, help="outcomes kept for training (default: %(default)s)")
+    r.add_argument("--min-rows", type=int, default=200,
+                   help="outcomes needed before the first retraining (default: %(default)s)")
     r.add_argument("--arms", default="ngram,selfspec:1-8", help="arms the engines serve (default: %(default)s)")
     r.set_defaults(func=cmd_retrain)
 
@@ -81,6 +83,20 @@ def add_commands(sub) -> None:
                        description=bench.__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     bench.add_arguments(b)
     b.set_defaults(func=lambda args: bench.main(args))
+
+    from gateway.specbench import cli as specbench
+
+    sb = sub.add_parser("bench", help="end to end on Spec-Bench: every fixed arm, adaptive, the oracle, the "
+                                      "learning curve; JSON, Markdown and plots",
+                        description=specbench.__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+    specbench.add_arguments(sb)
+    sb.set_defaults(func=lambda args: specbench.main(args))
+
+    h = sub.add_parser("health", help="exit 0 if a gateway or engine worker answers the gRPC health check "
+                                      "as SERVING (for container and orchestrator probes; needs no API key)")
+    h.add_argument("--address", default=os.environ.get("SPECGATE_ADDRESS", "127.0.0.1:50051"))
+    h.add_argument("--timeout", type=float, default=5.0, help="seconds (default: %(default)s)")
+    h.set_defaults(func=cmd_health)
 
     st = sub.add_parser("status", help="engines, arms, load and versions of a gateway")
     st.add_argument("--address", default=os.environ.get("SPECGATE_ADDRESS", "127.0.0.1:50051"))
@@ -275,6 +291,21 @@ def cmd_decide(args) -> int:
     return 0
 
 
+def cmd_health(args) -> int:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(args.address) as ch:
+        try:
+            resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=args.timeout)
+        except grpc.RpcError as e:
+            print(f"{args.address}: {e.code().name}", file=sys.stderr)
+            return 1
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+    print(f"{args.address}: {status}")
+    return 0 if resp.status == health_pb2.HealthCheckResponse.SERVING else 1
+
+
 def cmd_status(args) -> int:
     import grpc
     from google.protobuf.json_format import MessageToDict
@@ -304,7 +335,8 @@ def cmd_retrain(args) -> int:
     from telemetry.retrainer import Retrainer
 
     client = redis.Redis.from_url(args.redis)
-    r = Retrainer(client, _artifact_key(), window=args.window, every=args.every, arms=parse_arms(args.arms))
+    r = Retrainer(client, _artifact_key(), window=args.window, every=args.every, min_rows=args.min_rows,
+                  arms=parse_arms(args.arms))
     log.info("retrainer on %s: every %d outcomes, window %d", args.redis, args.every, args.window)
     r.run(once=args.once, interval_s=args.interval)
     if args.once:

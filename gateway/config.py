@@ -9,7 +9,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from engines.config import EngineConfig
+from engines.config import EngineConfig, OpenAIServerConfig
 
 
 class _Strict(BaseModel):
@@ -94,6 +94,8 @@ class GatewayConfig(_Strict):
     engine: EngineConfig = EngineConfig()
     """The embedded engine."""
     remote_engines: list[RemoteEngineConfig] = Field(default_factory=list)
+    openai_engines: list[OpenAIServerConfig] = Field(default_factory=list)
+    """OpenAI-compatible servers (vLLM, SGLang, llama.cpp) and the arms each serves."""
     health_check_s: float = Field(2.0, gt=0)
     """Interval of remote engine health checks."""
     auth: AuthConfig = AuthConfig()

@@ -1,7 +1,8 @@
 """The engines behind a gateway and how a request finds one.
 
-An endpoint is the embedded built-in engine or a remote worker (`specgate
-engine --listen`). A request goes to a healthy endpoint that serves its arm,
+An endpoint is the embedded built-in engine, a remote worker (`specgate
+engine --listen`), or an OpenAI-compatible server (vLLM, SGLang, llama.cpp;
+engines/openai_server.py) configured with the arms it serves. A request goes to a healthy endpoint that serves its arm,
 least loaded first; an endpoint that fails its health checks leaves the
 rotation until it passes again.
 """
@@ -16,21 +17,13 @@ from typing import Iterator, Protocol
 import grpc
 
 from engines.api import (
-    Arm, ArmInfo, EngineError, GenerationRequest, GenerationResult, GenerationStats,
+    Arm, ArmInfo, EngineError, EngineUnavailable, GenerationRequest, GenerationResult, GenerationStats,
     InvalidRequest, LoadSnapshot, Overloaded, TokenDelta,
 )
 from gateway.pb import specgate_pb2 as pb
 from gateway.pb import specgate_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
-
-
-class EngineUnavailable(EngineError):
-    """The endpoint could not be reached or died mid-request."""
-
-    def __init__(self, message: str, streamed: bool = False):
-        super().__init__(message)
-        self.streamed = streamed  # whether output had reached the client (then no retry)
 
 
 class Endpoint(Protocol):
@@ -96,7 +89,7 @@ def result_to_pb(res: GenerationResult) -> pb.EngineResult:
         text=res.text, token_ids=list(res.token_ids), finish_reason=s.finish_reason, prompt_tokens=s.prompt_tokens,
         output_tokens=s.output_tokens, drafted_per_round=s.drafted_per_round, accepted_per_round=s.accepted_per_round,
         rounds=s.rounds, queue_s=s.queue_s, prefill_s=s.prefill_s, draft_s=s.draft_s, verify_s=s.verify_s,
-        ttft_s=s.ttft_s, total_s=s.total_s, seed=s.seed, arm=s.arm)
+        ttft_s=s.ttft_s, total_s=s.total_s, seed=s.seed, arm=s.arm, acceptance_source=s.acceptance_source)
 
 
 def result_from_pb(request_id: str, r: pb.EngineResult) -> GenerationResult:
@@ -104,7 +97,8 @@ def result_from_pb(request_id: str, r: pb.EngineResult) -> GenerationResult:
         arm=r.arm, seed=r.seed, prompt_tokens=r.prompt_tokens, output_tokens=r.output_tokens,
         finish_reason=r.finish_reason, rounds=r.rounds, drafted_per_round=list(r.drafted_per_round),
         accepted_per_round=list(r.accepted_per_round), queue_s=r.queue_s, prefill_s=r.prefill_s,
-        draft_s=r.draft_s, verify_s=r.verify_s, ttft_s=r.ttft_s, total_s=r.total_s)
+        draft_s=r.draft_s, verify_s=r.verify_s, ttft_s=r.ttft_s, total_s=r.total_s,
+        acceptance_source=r.acceptance_source or "measured")
     return GenerationResult(request_id, r.text, tuple(r.token_ids), stats)
 
 
@@ -229,7 +223,7 @@ class Router:
         self._stop = threading.Event()
         self._inflight: dict[str, int] = {e.id: 0 for e in endpoints}
         self._lock = threading.Lock()
-        remotes = [e for e in endpoints if isinstance(e, RemoteEndpoint)]
+        remotes = [e for e in endpoints if hasattr(e, "check")]  # anything out of process is health-checked
         for e in remotes:
             e.check()
         self._checker = None
@@ -249,10 +243,13 @@ class Router:
     def arms(self) -> ArmInfo:
         """Everything any healthy endpoint serves (the policy's menu)."""
         live = self.healthy()
-        drafts = tuple(sorted({d for e in live for d in e.arms().drafts}))
         if not live:
             return ArmInfo((), 1, 1)
-        return ArmInfo(drafts, min(e.arms().gamma_min for e in live), max(e.arms().gamma_max for e in live))
+        menus = [e.arms() for e in live]
+        if any(m.only is not None for m in menus):  # servers configured per arm: the union of their menus
+            return ArmInfo.of(a for m in menus for a in m.all_arms())
+        drafts = tuple(sorted({d for m in menus for d in m.drafts}))
+        return ArmInfo(drafts, min(m.gamma_min for m in menus), max(m.gamma_max for m in menus))
 
     def _score(self, e: Endpoint) -> int:
         l = e.load()
@@ -267,8 +264,12 @@ class Router:
         serving = [e for e in live if e.arms().allows(arm)]
         if serving:
             return Route(min(serving, key=self._score), arm, False)
-        if live:  # nobody serves that arm right now: plain is served everywhere
-            return Route(min(live, key=self._score), Arm(), True)
+        plain = [e for e in live if e.arms().allows(Arm())]
+        if plain:  # nobody serves that arm right now: plain where it is served
+            return Route(min(plain, key=self._score), Arm(), True)
+        if live:  # only speculative servers left: the least loaded one, with its own arm
+            e = min(live, key=self._score)
+            return Route(e, e.arms().all_arms()[0], True)
         return None
 
     def track(self, endpoint_id: str, delta: int) -> None:
@@ -280,5 +281,5 @@ class Router:
     def close(self) -> None:
         self._stop.set()
         for e in self.endpoints:
-            if isinstance(e, RemoteEndpoint):
+            if not isinstance(e, LocalEndpoint):  # the embedded engine is closed by its owner
                 e.close()

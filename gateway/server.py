@@ -127,8 +127,12 @@ def build_gateway(config: GatewayConfig, engine=None):
     if engine is not None:
         endpoints.append(LocalEndpoint(engine))
     endpoints += [RemoteEndpoint(r.address, r.id) for r in config.remote_engines]
+    if config.openai_engines:
+        from engines.openai_server import OpenAIServerEndpoint
+
+        endpoints += [OpenAIServerEndpoint(c) for c in config.openai_engines]
     if not endpoints:
-        raise ValueError("no engines: enable embedded_engine or list remote_engines")
+        raise ValueError("no engines: enable embedded_engine or list remote_engines or openai_engines")
     router = Router(endpoints, config.health_check_s)
     rules_path = config.rules or str(DEFAULT_RULES)
     model = PolicyModel.from_json(Path(config.policy_model).read_text()) if config.policy_model else None

@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 from engines.api import (
     Arm, ChatMessage, EngineError, GenerationRequest, GenerationResult, InvalidRequest, SamplingParams,
 )
-from gateway.router import EngineUnavailable, RemoteEndpoint, Router
+from gateway.router import EngineUnavailable, Router
 from policy.classifier import CATEGORIES, CategoryClassifier
 from policy.decide import Decision, decide
 from policy.features import RequestFeatures, build_features
@@ -112,6 +112,8 @@ def _check_served(arm: Arm, arms) -> None:
     merely not honoured (the decision's reason says so)."""
     if arm.is_plain:
         return
+    if arms.only is not None and not arms.allows(arm):  # an explicit menu says it best
+        raise InvalidRequest("arm", f"no engine serves {arm.name}; served: {[a.name for a in arms.all_arms()]}")
     if arm.draft not in arms.drafts:
         raise InvalidRequest("arm.draft", f"no engine serves draft {arm.draft!r}; served: {list(arms.drafts)}")
     if not arms.gamma_min <= arm.gamma <= arms.gamma_max:
@@ -272,9 +274,9 @@ class GatewayService:
             if route is None:
                 raise EngineUnavailable("no healthy engine is available")
             if route.fallback:
-                decision = Decision(Arm(), "fallback", decision.rule, decision.policy_version,
+                decision = Decision(route.arm, "fallback", decision.rule, decision.policy_version,
                                     decision.rules_version, decision.predicted_speedup, 1.0, False,
-                                    f"{decision.arm.name} is served by no healthy engine: plain")
+                                    f"{decision.arm.name} is served by no healthy engine: {route.arm.name}")
             ep = route.endpoint
             engine_req = GenerationRequest(request_id=req.request_id, sampling=req.sampling, prompt=req.prompt,
                                            messages=req.messages, arm=route.arm)
@@ -293,9 +295,9 @@ class GatewayService:
                     result = handle.result()
                     gspan.set_attributes(outcome_attributes(result.stats, ttft or 0.0))
             except EngineUnavailable as e:
-                if isinstance(ep, RemoteEndpoint):
+                if hasattr(ep, "mark_failed"):
                     ep.mark_failed()
-                if e.streamed or ttft is not None:
+                if not e.retryable or ttft is not None:
                     raise
                 log.warning("engine %s failed before any output (%s); retrying elsewhere", ep.id, e)
                 tried.add(ep.id)
@@ -334,7 +336,7 @@ class GatewayService:
                             drafted_per_round=st.drafted_per_round, accepted_per_round=st.accepted_per_round,
                             prefill_s=st.prefill_s, decode_s=max(st.total_s - st.prefill_s, 0.0),
                             total_s=st.total_s, queue_s=st.queue_s, ttft_s=s.ttft_s,
-                            finish_reason=st.finish_reason),
+                            finish_reason=st.finish_reason, acceptance_source=st.acceptance_source),
             ))
         except Exception:  # recording must never fail a request
             log.exception("could not record the outcome of %s", req.request_id)

@@ -50,7 +50,8 @@ def response_pb(request_id: str, s: Served) -> pb.GenerateResponse:
         usage=pb.Usage(prompt_tokens=st.prompt_tokens, output_tokens=st.output_tokens),
         decision=decision_pb(s.decision),
         spec=pb.SpecStats(drafted=st.drafted, accepted=st.accepted, acceptance_rate=st.acceptance_rate,
-                          mean_accepted_length=st.mean_accepted_length, rounds=st.rounds),
+                          mean_accepted_length=st.mean_accepted_length, rounds=st.rounds,
+                          acceptance_source=st.acceptance_source),
         timings=pb.Timings(queue_s=s.queue_s, ttft_s=s.ttft_s, total_s=s.total_s), engine=s.engine, seed=st.seed)
 
 
@@ -58,6 +59,7 @@ def engine_status_pb(id: str, address: str, healthy: bool, arms, load, max_conte
     return pb.EngineStatus(
         id=id, address=address, healthy=healthy, drafts=list(arms.drafts), gamma_min=arms.gamma_min,
         gamma_max=arms.gamma_max, max_context=max_context,
+        arms=[a.name for a in arms.all_arms()] if arms.only is not None else [],
         load=pb.Load(running=load.running, waiting=load.waiting, tokens_per_step=load.tokens_per_step,
                      kv_used_tokens=load.kv_used_tokens, kv_limit_tokens=load.kv_limit_tokens,
                      recent_step_s=load.recent_step_s))

@@ -56,9 +56,16 @@ def cmd_rules_check(args) -> int:
 
 
 def parse_arms(spec: str):
-    """'ngram,selfspec:1-8' -> ArmInfo(drafts=(ngram, selfspec), 1, 8)."""
-    from engines.api import ArmInfo
+    """'ngram,selfspec:1-8' -> ArmInfo(drafts=(ngram, selfspec), 1, 8): every draft
+    at every γ in the range; 'plain,ngram:4,draft:5' -> exactly those arms (servers
+    configured per arm)."""
+    import re
 
+    from engines.api import Arm, ArmInfo
+
+    entries = [e.strip() for e in spec.split(",") if e.strip()]
+    if entries and all(re.fullmatch(r"plain|[\w.-]+:\d+", e) for e in entries):
+        return ArmInfo.of([Arm()] + [Arm.parse(e) for e in entries])
     names, _, rng = spec.partition(":")
     lo, _, hi = (rng or "1-8").partition("-")
     return ArmInfo(tuple(n for n in names.split(",") if n), int(lo), int(hi or lo))

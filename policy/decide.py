@@ -110,10 +110,10 @@ def _allowed_arms(arms: ArmInfo, then: Then, guarded: set[str]) -> list[Arm]:
     lo, hi = arms.gamma_min, arms.gamma_max
     if then.gamma is not None:
         lo, hi = max(lo, then.gamma.min), min(hi, then.gamma.max)
-    out = [Arm()]
+    out = [Arm()]  # always the reference; the router substitutes a served arm where no engine serves plain
     for d in arms.drafts:
         if (then.drafts is None or d in then.drafts) and d not in guarded:
-            out.extend(Arm(d, g) for g in range(lo, hi + 1))
+            out.extend(a for a in (Arm(d, g) for g in range(lo, hi + 1)) if arms.allows(a))
     return out
 
 

@@ -157,7 +157,8 @@ class PolicyModel:
 
 
 _PRIORS = {kind: prior_draft(kind) for kind in ("ngram", "model")}  # read-only
+PRIOR_EXPLORE = 0.2  # cold start: nothing is known yet, so try other arms often
 
 
 def prior_model() -> PolicyModel:
-    return PolicyModel(version="prior")
+    return PolicyModel(version="prior", explore=PRIOR_EXPLORE)

@@ -86,18 +86,20 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ...) -> None: ...
 
 class SpecStats(_message.Message):
-    __slots__ = ("drafted", "accepted", "acceptance_rate", "mean_accepted_length", "rounds")
+    __slots__ = ("drafted", "accepted", "acceptance_rate", "mean_accepted_length", "rounds", "acceptance_source")
     DRAFTED_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     ACCEPTANCE_RATE_FIELD_NUMBER: _ClassVar[int]
     MEAN_ACCEPTED_LENGTH_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_SOURCE_FIELD_NUMBER: _ClassVar[int]
     drafted: int
     accepted: int
     acceptance_rate: float
     mean_accepted_length: float
     rounds: int
-    def __init__(self, drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., rounds: _Optional[int] = ...) -> None: ...
+    acceptance_source: str
+    def __init__(self, drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., rounds: _Optional[int] = ..., acceptance_source: _Optional[str] = ...) -> None: ...
 
 class Timings(_message.Message):
     __slots__ = ("queue_s", "ttft_s", "total_s")
@@ -194,7 +196,7 @@ class Load(_message.Message):
     def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., tokens_per_step: _Optional[float] = ..., kv_used_tokens: _Optional[int] = ..., kv_limit_tokens: _Optional[int] = ..., recent_step_s: _Optional[float] = ...) -> None: ...
 
 class EngineStatus(_message.Message):
-    __slots__ = ("id", "address", "healthy", "drafts", "gamma_min", "gamma_max", "load", "max_context")
+    __slots__ = ("id", "address", "healthy", "drafts", "gamma_min", "gamma_max", "load", "max_context", "arms")
     ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
@@ -203,6 +205,7 @@ class EngineStatus(_message.Message):
     GAMMA_MAX_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    ARMS_FIELD_NUMBER: _ClassVar[int]
     id: str
     address: str
     healthy: bool
@@ -211,7 +214,8 @@ class EngineStatus(_message.Message):
     gamma_max: int
     load: Load
     max_context: int
-    def __init__(self, id: _Optional[str] = ..., address: _Optional[str] = ..., healthy: _Optional[bool] = ..., drafts: _Optional[_Iterable[str]] = ..., gamma_min: _Optional[int] = ..., gamma_max: _Optional[int] = ..., load: _Optional[_Union[Load, _Mapping]] = ..., max_context: _Optional[int] = ...) -> None: ...
+    arms: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., address: _Optional[str] = ..., healthy: _Optional[bool] = ..., drafts: _Optional[_Iterable[str]] = ..., gamma_min: _Optional[int] = ..., gamma_max: _Optional[int] = ..., load: _Optional[_Union[Load, _Mapping]] = ..., max_context: _Optional[int] = ..., arms: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
     __slots__ = ("engines", "policy_version", "rules_version")
@@ -242,7 +246,7 @@ class EngineEvent(_message.Message):
     def __init__(self, text: _Optional[str] = ..., result: _Optional[_Union[EngineResult, _Mapping]] = ...) -> None: ...
 
 class EngineResult(_message.Message):
-    __slots__ = ("text", "token_ids", "finish_reason", "prompt_tokens", "output_tokens", "drafted_per_round", "accepted_per_round", "rounds", "queue_s", "prefill_s", "draft_s", "verify_s", "ttft_s", "total_s", "seed", "arm")
+    __slots__ = ("text", "token_ids", "finish_reason", "prompt_tokens", "output_tokens", "drafted_per_round", "accepted_per_round", "rounds", "queue_s", "prefill_s", "draft_s", "verify_s", "ttft_s", "total_s", "seed", "arm", "acceptance_source")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -259,6 +263,7 @@ class EngineResult(_message.Message):
     TOTAL_S_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     ARM_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_SOURCE_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     finish_reason: str
@@ -275,7 +280,8 @@ class EngineResult(_message.Message):
     total_s: float
     seed: int
     arm: str
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., drafted_per_round: _Optional[_Iterable[int]] = ..., accepted_per_round: _Optional[_Iterable[int]] = ..., rounds: _Optional[int] = ..., queue_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., draft_s: _Optional[float] = ..., verify_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., total_s: _Optional[float] = ..., seed: _Optional[int] = ..., arm: _Optional[str] = ...) -> None: ...
+    acceptance_source: str
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., drafted_per_round: _Optional[_Iterable[int]] = ..., accepted_per_round: _Optional[_Iterable[int]] = ..., rounds: _Optional[int] = ..., queue_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., draft_s: _Optional[float] = ..., verify_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., total_s: _Optional[float] = ..., seed: _Optional[int] = ..., arm: _Optional[str] = ..., acceptance_source: _Optional[str] = ...) -> None: ...
 
 class CountTokensRequest(_message.Message):
     __slots__ = ("text",)

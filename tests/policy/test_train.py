@@ -118,3 +118,29 @@ def test_drafts_with_too_little_telemetry_keep_the_prior():
     assert "draft" not in model.drafts
     f = context(random.Random(1))
     assert model.speedup(f, "draft", 3) == prior_model().speedup(f, "draft", 3)
+
+
+def test_what_the_data_never_varied_keeps_the_prior():
+    """Trained only on requests that ran alone, the model cannot learn what load
+    costs; it must keep the prior's load penalty rather than assume none."""
+    rows = [r for r in simulate(3000, seed=5) if r["features"]["waiting"] == 0]
+    for r in rows:
+        r["features"]["running"] = 0
+    model = fit(rows, version="alone")
+    prior = prior_model()
+    m, p = model.draft("ngram"), prior.draft("ngram")
+    assert m.samples > 0
+    assert m.cost_coef[2:] == pytest.approx(p.cost_coef[2:], abs=1e-6)  # load and γ·load: the prior's
+    busy = RequestFeatures(category="summarization", temperature=0.0, top_p=1.0, prompt_tokens=400,
+                           expected_output_tokens=200, copy_signal=0.8, running=32, waiting=0)
+    assert model.speedup(busy, "ngram", 8) < model.speedup(busy.__class__(**{**busy.__dict__, "running": 0}),
+                                                           "ngram", 8)
+
+
+def test_exploration_anneals_with_evidence():
+    from policy.train import exploration_share
+
+    shares = [exploration_share(n) for n in (0, 50, 100, 400, 900, 10_000)]
+    assert shares == sorted(shares, reverse=True)
+    assert shares[0] == prior_model().explore == 0.2 and shares[-1] == 0.03
+    assert fit(simulate(400, seed=2)).explore == pytest.approx(exploration_share(400))
