@@ -298,6 +298,8 @@ class OpenAIServerCall:
 
     def _stream(self) -> Iterator[TokenDelta]:
         ep, r = self.ep, self.request
+        if self._cancelled:  # cancelled before it was sent: nothing to tell the server
+            raise Cancelled(f"request {self.request_id} cancelled")
         t0 = time.perf_counter()
         counters0 = ep._counters
         resp = self._open()
@@ -315,8 +317,10 @@ class OpenAIServerCall:
                 if isinstance(event.get("usage"), dict):
                     usage = event["usage"]
                 for choice in event.get("choices") or []:
-                    delta = choice.get("delta") or {}
-                    text = delta.get("content") if "delta" in choice else choice.get("text")
+                    if "delta" in choice or "message" in choice:  # chat: streamed delta, or a whole message
+                        text = (choice.get("delta") or choice.get("message") or {}).get("content")
+                    else:
+                        text = choice.get("text")
                     if text:
                         if ttft is None:
                             ttft = time.perf_counter() - t0

@@ -123,14 +123,16 @@ def throughput(clients: int, seconds: float, category: str) -> dict:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = [ctx.Process(target=_client, args=(port, seconds, q, category)) for _ in range(clients)]
+    cpu0 = time.process_time()  # this process is the gateway; the clients are other processes
     for p in procs:
         p.start()
     lats = [x for _ in procs for x in q.get(timeout=seconds + 120)]
+    cpu = time.process_time() - cpu0
     for p in procs:
         p.join()
     server.stop(0)
     return {"clients": clients, "rps": len(lats) / seconds, "p50_ms": _pct(lats, 0.5) * 1e3,
-            "p99_ms": _pct(lats, 0.99) * 1e3}
+            "p99_ms": _pct(lats, 0.99) * 1e3, "cpu_ms_per_request": cpu / max(len(lats), 1) * 1e3}
 
 
 def main(args) -> int:
@@ -142,7 +144,8 @@ def main(args) -> int:
             r = throughput(c, args.seconds, category)
             hint = "category hint (no classifier)" if category else "classifier on every request"
             print(f"echo engine, {c} client processes, {hint}: {r['rps']:.0f} req/s, "
-                  f"p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms")
+                  f"p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms; gateway CPU "
+                  f"{r['cpu_ms_per_request']:.2f} ms/request = {r['cpu_ms_per_request']:.2f} cores per 1000 req/s")
     return 0
 
 

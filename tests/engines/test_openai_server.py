@@ -296,3 +296,38 @@ def test_with_no_plain_server_plain_decisions_fall_back_to_a_served_arm():
         server.stop(0)
         service.router.close()
         httpd.shutdown()
+
+
+def test_a_server_that_ignores_stream_true_still_works():
+    class Whole(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": "whole"},
+                                            "finish_reason": "stop"}],
+                               "usage": {"prompt_tokens": 3, "completion_tokens": 1}}, indent=1).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Whole)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    ep = OpenAIServerEndpoint(OpenAIServerConfig(url=f"http://127.0.0.1:{httpd.server_port}", model="m"))
+    server, channel, stub, service = gateway_over([ep])
+    try:
+        r = ask(stub, "plain")
+        assert (r.text, r.usage.output_tokens, r.finish_reason) == ("whole", 1, "stop")
+    finally:
+        channel.close()
+        server.stop(0)
+        service.router.close()
+        httpd.shutdown()

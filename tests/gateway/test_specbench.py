@@ -106,7 +106,8 @@ def test_bad_arguments_are_refused_with_a_reason(capsys):
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
     for argv, msg in ((["--arms", "ngram:4"], "start with plain"), (["--arms", "plain", "ngram"], "--arms"),
-                      (["--address", "x:1"], "learning curve needs a cold gateway")):
+                      (["--address", "x:1", "--learning-curve", "50"], "learning curve needs a cold gateway"),
+                      (["--policy", "p.json", "--learning-curve", "50"], "starts cold")):
         assert cli.main(parser.parse_args(argv)) == 2
         assert msg in capsys.readouterr().err
 
