@@ -78,6 +78,24 @@ def exploration_share(rows: int) -> float:
     return float(min(PRIOR_EXPLORE, max(0.03, 1.5 / np.sqrt(max(rows, 1)))))
 
 
+MIN_LOADED_ROWS = 20  # rows at load >= LOADED before the load terms are learned rather than taken from the prior
+LOADED = 4
+
+
+def fit_round_cost(x: np.ndarray, y: np.ndarray, w: np.ndarray, prior: np.ndarray) -> np.ndarray:
+    """Round cost over [1, γ, load, γ·load]. The load terms are learned only from
+    rows that ran under real load; until there are enough, they stay the
+    prior's and only [1, γ] are fitted (else noise between load 0 and 1 gets
+    extrapolated to load 30). Learned load terms are kept non-negative:
+    verifying more tokens never gets cheaper as the batch grows."""
+    if int((x[:, 2] >= LOADED).sum()) < MIN_LOADED_ROWS:
+        base = _wls(x[:, :2], y - x[:, 2:] @ prior[2:], w, ridge=1e-2, prior=prior[:2])
+        return np.concatenate([base, prior[2:]])
+    coef = _wls(x, y, w, ridge=1e-2, prior=prior)
+    coef[2:] = np.maximum(coef[2:], 0.0)
+    return coef
+
+
 def fit(rows: list[dict], version: str | None = None, explore: float | None = None) -> PolicyModel:
     t0 = time.perf_counter()
     step = plain_step_model(rows)
@@ -102,7 +120,7 @@ def fit(rows: list[dict], version: str | None = None, explore: float | None = No
         w = np.array([n for *_, n in items], dtype=np.float64)
         accept = _wls(x, np.log(alpha / (1 - alpha)), w, ridge=0.3, prior=prior.accept_coef)
         xc = np.array([cost_features(g, f.load) for f, g, *_ in items])
-        cost = _wls(xc, np.array([c for _, _, _, c, _ in items]), w, ridge=1e-2, prior=prior.cost_coef)
+        cost = fit_round_cost(xc, np.array([c for _, _, _, c, _ in items]), w, np.asarray(prior.cost_coef))
         drafts[name] = DraftModel(accept.tolist(), cost.tolist(), prior.overhead_steps,
                                   prior.overhead_per_prompt_token, int(w.sum()))
     lengths: dict[str, list[int]] = defaultdict(list)

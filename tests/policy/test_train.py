@@ -124,8 +124,9 @@ def test_what_the_data_never_varied_keeps_the_prior():
     """Trained only on requests that ran alone, the model cannot learn what load
     costs; it must keep the prior's load penalty rather than assume none."""
     rows = [r for r in simulate(3000, seed=5) if r["features"]["waiting"] == 0]
-    for r in rows:
-        r["features"]["running"] = 0
+    for k, r in enumerate(rows):  # alone, give or take the previous request finishing
+        r["features"]["running"] = k % 2
+        r["decode_s"] *= 1.0 - 0.1 * (k % 2)  # noise that would fit a negative load slope
     model = fit(rows, version="alone")
     prior = prior_model()
     m, p = model.draft("ngram"), prior.draft("ngram")
@@ -144,3 +145,14 @@ def test_exploration_anneals_with_evidence():
     assert shares == sorted(shares, reverse=True)
     assert shares[0] == prior_model().explore == 0.2 and shares[-1] == 0.03
     assert fit(simulate(400, seed=2)).explore == pytest.approx(exploration_share(400))
+
+
+def test_learned_load_terms_are_never_negative():
+    from policy.train import fit_round_cost
+
+    rng = np.random.default_rng(0)
+    x = np.array([[1.0, g, load, g * load] for g in range(1, 9) for load in (0, 4, 8, 16) for _ in range(5)])
+    y = 1.1 + 0.05 * x[:, 1] - 0.01 * x[:, 2] + rng.normal(0, 0.01, len(x))  # a (noisy) cheaper-under-load fit
+    coef = fit_round_cost(x, y, np.ones(len(x)), np.array([1.0, 0.05, 0.0, 0.03]))
+    assert coef[2] >= 0 and coef[3] >= 0
+    assert coef[1] == pytest.approx(0.05, abs=0.02)
