@@ -194,6 +194,7 @@ def _telemetry(config: GatewayConfig, router, policy, closers: list):
     acceptance = RollingAcceptance(client)
     closers += [sink.close, acceptance.close]
     if key:
+        _seed_registry(client, key, policy.model)
         watcher = ModelWatcher(client, key, policy.set_model)
         closers.append(watcher.close)
     if private is not None and t.embedded_retrainer:
@@ -216,3 +217,19 @@ def _telemetry(config: GatewayConfig, router, policy, closers: list):
         closers.append(stop.set)
     instr = Instrumentation(tp, mp, queue_depth=lambda: sink.depth, dropped=lambda: sink.dropped)
     return sink, acceptance, instr, render
+
+
+def _seed_registry(client, key: bytes, model) -> None:
+    """A gateway started from a policy model file, in front of a Redis that holds
+    no live model yet, publishes it: the retrainer then measures its candidates
+    against that model instead of the prior, and replaces it only with better."""
+    from telemetry.artifacts import CURRENT, publish
+
+    if model is None or model.version == "prior":
+        return
+    try:
+        if client.get(CURRENT) is None:
+            publish(client, model, key, meta=dict(source="policy_model file"))
+            log.info("published the starting policy model %s as the live version", model.version)
+    except Exception as e:  # noqa: BLE001 - Redis away: serve with the file's model, learn later
+        log.warning("could not publish the starting policy model: %s", e)

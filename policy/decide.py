@@ -12,6 +12,7 @@ from policy.model import PolicyModel, prior_model
 from policy.rules import RuleSet, Then
 
 SOURCES = ("rule", "policy", "exploration", "fallback", "request")
+EXPLORE_FLOOR = 0.75  # explored arms are predicted at least this share of the best arm's speedup
 
 
 @dataclass(frozen=True)
@@ -72,9 +73,14 @@ def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None,
     best = candidates[max(range(len(candidates)), key=lambda i: (speed[candidates[i].name], -i))]
 
     eps = then.explore if then.explore is not None else model.explore
-    n = len(candidates)
+    # Safe exploration: only arms predicted within EXPLORE_FLOOR of the best. A wild
+    # arm costs more than its own request: under load one slow model-drafted
+    # sequence holds back every sequence batched with it.
+    floor = EXPLORE_FLOOR * speed[best.name]
+    pool = [a for a in candidates if speed[a.name] >= floor]
+    n = len(pool)
     if rng.random() < eps:
-        chosen = candidates[rng.randrange(n)]
+        chosen = pool[rng.randrange(n)]
     else:
         chosen = best
     propensity = (1 - eps) * (chosen == best) + eps / n
