@@ -129,7 +129,8 @@ def outcome_json(s: Served) -> tuple[dict, dict]:
              "num_draft_tokens": st.drafted, "num_accepted_draft_tokens": st.accepted}
     ext = {"decision": decision_json(s.decision), "engine": s.engine, "seed": st.seed,
            "spec": {"drafted": st.drafted, "accepted": st.accepted, "acceptance_rate": st.acceptance_rate,
-                    "mean_accepted_length": st.mean_accepted_length, "rounds": st.rounds},
+                    "mean_accepted_length": st.mean_accepted_length, "rounds": st.rounds,
+                    "acceptance_source": st.acceptance_source},
            "timings": {"queue_s": s.queue_s, "ttft_s": s.ttft_s, "total_s": s.total_s}}
     return usage, ext
 

@@ -107,6 +107,7 @@ def outcome_attributes(stats, ttft_s: float) -> dict:
         "specgate.spec.drafted": stats.drafted,
         "specgate.spec.accepted": stats.accepted,
         "specgate.spec.acceptance_rate": stats.acceptance_rate,
+        "specgate.spec.acceptance_source": stats.acceptance_source,  # measured, reported, estimated, unknown
         "specgate.time_to_first_token_s": ttft_s,
     }
 

@@ -119,6 +119,7 @@ def test_spans_carry_decision_and_outcome_attributes_and_continue_the_callers_tr
         for k in ("specgate.category", "specgate.expected_output_tokens", "specgate.load", "specgate.decision.source",
                   "specgate.rule", "specgate.policy_version", "specgate.predicted_speedup", "specgate.explored",
                   "specgate.spec.drafted", "specgate.spec.accepted", "specgate.spec.acceptance_rate",
+                  "specgate.spec.acceptance_source",
                   "specgate.time_to_first_token_s"):
             assert k in a, k
         assert spans["specgate.decide"].attributes["specgate.arm"] == "ngram:3"
