@@ -2,9 +2,9 @@
 
 An endpoint is the embedded built-in engine, a remote worker (`specgate
 engine --listen`), or an OpenAI-compatible server (vLLM, SGLang, llama.cpp;
-engines/openai_server.py) configured with the arms it serves. A request goes to a healthy endpoint that serves its arm,
-least loaded first; an endpoint that fails its health checks leaves the
-rotation until it passes again.
+engines/openai_server.py) configured with the arms it serves. A request goes
+to a healthy endpoint that serves its arm, least loaded first; an endpoint that
+fails its health checks leaves the rotation until it passes again.
 """
 
 from __future__ import annotations
