@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import logging
 import math
 import os
 import threading
@@ -36,9 +35,8 @@ from engines.api import (
     InvalidRequest, LoadSnapshot, Overloaded, TokenDelta,
 )
 from engines.config import OpenAIServerConfig
+from engines.health import HealthState
 from engines.prometheus import MAX_METRICS_BYTES, parse_sums
-
-log = logging.getLogger(__name__)
 
 MAX_LINE = 1 << 20  # one SSE line; a longer one is a broken server
 MAX_ERROR_BODY = 64 << 10
@@ -107,7 +105,7 @@ class OpenAIServerEndpoint:
         self._key = os.environ.get(config.api_key_env, "") if config.api_key_env else ""
         self.model = config.model  # None: discovered at the first health check ("" if the server lists none)
         self.health_path = config.health_path or ("/v1/models" if config.kind == "generic" else "/health")
-        self._healthy, self._failures = False, 0
+        self._health = HealthState(f"server {self.id} at {self.address}")
         self._lock = threading.Lock()
         self._inflight = 0
         self._gauges: tuple[float, float] | None = None  # (running, waiting) from the last scrape
@@ -136,11 +134,10 @@ class OpenAIServerEndpoint:
     # ---------------------------------------------------------------- health and load
     @property
     def healthy(self) -> bool:
-        return self._healthy
+        return self._health.healthy
 
     def check(self) -> bool:
-        """One health check (and metrics scrape). Two failures in a row take the
-        server out of rotation; one success brings it back."""
+        """One health check and metrics scrape (rotation rules: engines/health.py)."""
         try:
             status, _ = self._get(self.health_path, MAX_ERROR_BODY)
             if status != 200:
@@ -148,16 +145,10 @@ class OpenAIServerEndpoint:
             if self.model is None:
                 self._discover_model()
             self._scrape()
-            if not self._healthy:
-                log.info("server %s at %s is healthy (arms %s)", self.id, self.address,
-                         [a.name for a in self._menu.all_arms()])
-            self._healthy, self._failures = True, 0
+            self._health.passed(f" (arms {[a.name for a in self._menu.all_arms()]})")
         except (OSError, ValueError, KeyError, http.client.HTTPException) as e:
-            self._failures += 1
-            if self._healthy and self._failures >= 2:
-                log.warning("server %s at %s failed health checks (%s): out of rotation", self.id, self.address, e)
-                self._healthy = False
-        return self._healthy
+            self._health.failed(str(e))
+        return self._health.healthy
 
     def _discover_model(self) -> None:
         """The model name to send: the first one the server lists (asked once)."""
@@ -184,7 +175,7 @@ class OpenAIServerEndpoint:
             self._counters = (values[spec[0]], values.get(spec[1], 0.0))
 
     def mark_failed(self) -> None:
-        self._healthy = False
+        self._health.mark_failed()
 
     def arms(self) -> ArmInfo:
         return self._menu

@@ -9,7 +9,6 @@ fails its health checks leaves the rotation until it passes again.
 
 from __future__ import annotations
 
-import logging
 import threading
 from dataclasses import dataclass
 from typing import Iterator, Protocol
@@ -20,10 +19,9 @@ from engines.api import (
     Arm, ArmInfo, EngineError, EngineUnavailable, GenerationRequest, GenerationResult, GenerationStats,
     InvalidRequest, LoadSnapshot, Overloaded, TokenDelta,
 )
+from engines.health import HealthState
 from gateway.pb import specgate_pb2 as pb
 from gateway.pb import specgate_pb2_grpc as pb_grpc
-
-log = logging.getLogger(__name__)
 
 
 class Endpoint(Protocol):
@@ -159,33 +157,24 @@ class RemoteEndpoint:
         self._stub = pb_grpc.EngineStub(self._channel)
         self._timeout = timeout_s
         self._status: pb.EngineStatus | None = None
-        self._healthy = False
-        self._failures = 0
+        self._health = HealthState(f"engine {self.id} at {address}")
 
     @property
     def healthy(self) -> bool:
-        return self._healthy
+        return self._health.healthy
 
     def check(self) -> bool:
-        """One health check: refreshes arms and load. Two failures in a row take the
-        endpoint out of rotation; one success brings it back."""
+        """One health check: refreshes arms and load (rotation rules: engines/health.py)."""
         try:
             # wait_for_ready: a channel in reconnect backoff would otherwise fail at once
             self._status = self._stub.Status(pb.GetStatusRequest(), timeout=self._timeout, wait_for_ready=True)
-            if not self._healthy:
-                log.info("engine %s at %s is healthy", self.id, self.address)
-            self._healthy, self._failures = True, 0
+            self._health.passed()
         except grpc.RpcError as e:
-            self._failures += 1
-            if self._healthy and self._failures >= 2:
-                log.warning("engine %s at %s failed health checks (%s): out of rotation", self.id, self.address,
-                            e.code().name)
-                self._healthy = False
-        return self._healthy
+            self._health.failed(e.code().name)
+        return self._health.healthy
 
     def mark_failed(self) -> None:
-        """A request found it dead: out of rotation until the next passing check."""
-        self._healthy = False
+        self._health.mark_failed()
 
     def arms(self) -> ArmInfo:
         s = self._status

@@ -207,7 +207,7 @@ def test_a_dead_server_is_retried_elsewhere_then_leaves_rotation():
     dead.server_close()  # nothing listens there now
     eps = [endpoint(live_srv, ["plain"], "live"),
            OpenAIServerEndpoint(OpenAIServerConfig(url=f"http://127.0.0.1:{port}", id="dead", arms=["plain"]))]
-    eps[1]._healthy = True  # as if it had passed its last check before dying
+    eps[1]._health.healthy = True  # as if it had passed its last check before dying
     server, channel, stub, service = gateway_over(eps)
     try:
         service.router._inflight["live"] = 100  # make the dead one look least loaded
