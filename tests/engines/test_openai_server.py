@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import grpc
@@ -92,13 +93,22 @@ def serve(script: Script):
     return httpd
 
 
-def gateway_over(endpoints, rules="default: {explore: 0.0}"):
+@contextmanager
+def gateway_over(endpoints, *http_servers):
+    """A real gateway over these endpoints; on exit it and the scripted servers stop."""
     router = Router(endpoints, health_check_s=0.2)
-    service = GatewayService(router, PolicyState(parse_rules(rules)))
+    service = GatewayService(router, PolicyState(parse_rules("default: {explore: 0.0}")))
     server, port, _ = create_server("127.0.0.1:0", GatewayDeps(service, KeyStore(AuthConfig(), env=""), workers=8))
     server.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    return server, channel, pb_grpc.GatewayStub(channel), service
+    try:
+        yield pb_grpc.GatewayStub(channel), service
+    finally:
+        channel.close()
+        server.stop(0)
+        router.close()
+        for h in http_servers:
+            h.shutdown()
 
 
 def endpoint(httpd, arms, id, **kw) -> OpenAIServerEndpoint:
@@ -115,13 +125,8 @@ def fleet():
     servers = {k: serve(s) for k, s in scripts.items()}
     eps = [endpoint(servers["plain"], ["plain"], "vllm-plain"), endpoint(servers["ngram4"], ["ngram:4"], "vllm-ngram"),
            endpoint(servers["draft5"], ["draft:5"], "vllm-draft")]
-    server, channel, stub, service = gateway_over(eps)
-    yield scripts, servers, eps, stub, service
-    channel.close()
-    server.stop(0)
-    service.router.close()
-    for h in servers.values():
-        h.shutdown()
+    with gateway_over(eps, *servers.values()) as (stub, service):
+        yield scripts, servers, eps, stub, service
 
 
 def ask(stub, arm="", **kw):
@@ -208,52 +213,34 @@ def test_a_dead_server_is_retried_elsewhere_then_leaves_rotation():
     eps = [endpoint(live_srv, ["plain"], "live"),
            OpenAIServerEndpoint(OpenAIServerConfig(url=f"http://127.0.0.1:{port}", id="dead", arms=["plain"]))]
     eps[1]._health.healthy = True  # as if it had passed its last check before dying
-    server, channel, stub, service = gateway_over(eps)
-    try:
+    with gateway_over(eps, live_srv) as (stub, service):
         service.router._inflight["live"] = 100  # make the dead one look least loaded
         r = ask(stub, "plain")
         assert (r.engine, r.text) == ("live", "ok")  # connection refused: retried on the live server
         assert not eps[1].healthy
-    finally:
-        channel.close()
-        server.stop(0)
-        service.router.close()
-        live_srv.shutdown()
 
 
 def test_streaming_and_completions_path():
     script = Script(words=("a", "b", "c"))
     httpd = serve(script)
-    server, channel, stub, service = gateway_over([endpoint(httpd, ["plain"], "p")])
-    try:
+    with gateway_over([endpoint(httpd, ["plain"], "p")], httpd) as (stub, service):
         events = list(stub.GenerateStream(pb.GenerateRequest(prompt="raw text", max_tokens=3, temperature=0.5,
                                                              seed=9, stop=["zz"]), timeout=10))
         assert [e.text for e in events if e.WhichOneof("event") == "text"] == ["a", "b", "c"]
         assert events[-1].final.text == "abc"
         body = script.bodies[-1]
         assert (body["prompt"], body["seed"], body["stop"], body["temperature"]) == ("raw text", 9, ["zz"], 0.5)
-    finally:
-        channel.close()
-        server.stop(0)
-        service.router.close()
-        httpd.shutdown()
 
 
 def test_gamma_field_lets_one_server_serve_a_range():
     script = Script()
     httpd = serve(script)
     ep = endpoint(httpd, ["plain", "ngram:2-6"], "llama", gamma_field="speculative.n_max")
-    server, channel, stub, service = gateway_over([ep])
-    try:
+    with gateway_over([ep], httpd) as (stub, service):
         ask(stub, "ngram:5")
         assert script.bodies[-1]["speculative.n_max"] == 5
         ask(stub, "plain")
         assert "speculative.n_max" not in script.bodies[-1]
-    finally:
-        channel.close()
-        server.stop(0)
-        service.router.close()
-        httpd.shutdown()
 
 
 def test_arm_specs_and_config_errors():
@@ -286,16 +273,10 @@ def test_with_no_plain_server_plain_decisions_fall_back_to_a_served_arm():
     httpd = serve(Script(spec={"num_draft_tokens": 4, "num_accepted_draft_tokens": 1}))
     ep = endpoint(httpd, ["ngram:4"], "only-spec")
     # a hot request: the prior picks plain, which nobody serves here
-    server, channel, stub, service = gateway_over([ep])
-    try:
+    with gateway_over([ep], httpd) as (stub, service):
         r = ask(stub, "", temperature=1.5)
         assert (r.engine, r.decision.arm, r.decision.source) == ("only-spec", "ngram:4", "fallback")
         assert "plain is served by no healthy engine" in r.decision.reason
-    finally:
-        channel.close()
-        server.stop(0)
-        service.router.close()
-        httpd.shutdown()
 
 
 def test_a_server_that_ignores_stream_true_still_works():
@@ -322,12 +303,6 @@ def test_a_server_that_ignores_stream_true_still_works():
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Whole)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     ep = OpenAIServerEndpoint(OpenAIServerConfig(url=f"http://127.0.0.1:{httpd.server_port}", model="m"))
-    server, channel, stub, service = gateway_over([ep])
-    try:
+    with gateway_over([ep], httpd) as (stub, service):
         r = ask(stub, "plain")
         assert (r.text, r.usage.output_tokens, r.finish_reason) == ("whole", 1, "stop")
-    finally:
-        channel.close()
-        server.stop(0)
-        service.router.close()
-        httpd.shutdown()
