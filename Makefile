@@ -52,6 +52,7 @@ bench: setup
 	$(VENV)/bin/specgate bench --out-dir bench-out/e2e
 
 test: setup llamacpp
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 
 clean:

@@ -1,84 +1,18 @@
 """The engine interface the gateway talks to, and the domain types it speaks.
 
-An engine serves *arms*: plain decoding, or speculative decoding with a named
-draft and a speculation length γ (the number of tokens drafted per round).
-The gateway (through its policy) picks the arm; the engine only executes it.
+An engine serves *arms* (engines/arms.py): plain decoding, or speculative
+decoding with a named draft and a bound on γ. The gateway, through its policy,
+picks the arm; the engine executes it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol, Sequence
+from typing import Protocol
 
-
-class EngineError(Exception):
-    """Base class of every error an engine raises on purpose."""
-
-
-class InvalidRequest(EngineError):
-    """A request field is out of range or malformed; `field` names it."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
-
-
-class Overloaded(EngineError):
-    """The engine's queue is full; the caller should back off and retry."""
-
-
-class Cancelled(EngineError):
-    """The request was cancelled before it finished."""
-
-
-class EngineUnavailable(EngineError):
-    """The endpoint could not be reached, failed, or died mid-request."""
-
-    def __init__(self, message: str, streamed: bool = False, retryable: bool | None = None):
-        super().__init__(message)
-        self.streamed = streamed  # whether output had reached the client
-        # another endpoint may take the request only when this one never started it
-        # (connection refused or reset before an answer); never after output
-        self.retryable = (not streamed) if retryable is None else (retryable and not streamed)
-
-
-class TokenizerMismatch(EngineError):
-    """A draft's tokenizer differs from the target's: its proposals would be meaningless."""
-
-
-PLAIN = "plain"
-
-
-@dataclass(frozen=True, order=True)
-class Arm:
-    """A decoding strategy: `draft=None` is plain decoding, else (draft, gamma)."""
-
-    draft: str | None = None
-    gamma: int = 0
-
-    @property
-    def is_plain(self) -> bool:
-        return self.draft is None
-
-    @property
-    def name(self) -> str:
-        return PLAIN if self.draft is None else f"{self.draft}:{self.gamma}"
-
-    @staticmethod
-    def parse(text: str) -> "Arm":
-        """`plain` or `DRAFT:GAMMA`, e.g. `ngram:4`."""
-        text = text.strip()
-        if text == PLAIN:
-            return Arm()
-        draft, sep, gamma = text.rpartition(":")
-        if not sep or not draft or not gamma.isdigit():
-            raise InvalidRequest("arm", f"expected 'plain' or 'DRAFT:GAMMA', got {text!r}")
-        return Arm(draft=draft, gamma=int(gamma))
-
-    def __str__(self) -> str:
-        return self.name
+from engines.arms import PLAIN, Arm, ArmMenu
 
 
 @dataclass(frozen=True)
@@ -123,6 +57,7 @@ class GenerationStats:
     finish_reason: str = ""  # "stop" (EOS or stop string), "length", "cancelled"
     rounds: int = 0  # speculative rounds (plain decoding: one per token)
     drafted_per_round: list[int] = field(default_factory=list)
+    verified_per_round: list[int] = field(default_factory=list)  # drafts verified (the engine may verify fewer)
     accepted_per_round: list[int] = field(default_factory=list)
     queue_s: float = 0.0
     prefill_s: float = 0.0
@@ -196,57 +131,26 @@ class LoadSnapshot:
     recent_step_s: float = 0.0  # moving average of target step time
 
 
-@dataclass(frozen=True)
-class ArmInfo:
-    """Arms an engine serves: plain, plus each draft with its allowed γ range."""
-
-    drafts: tuple[str, ...]
-    gamma_min: int
-    gamma_max: int
-    only: frozenset[Arm] | None = None
-    """An explicit menu (servers configured per arm, e.g. a vLLM with K=4): only
-    these arms, plain included only if listed. None: plain plus every draft at
-    every γ in the range."""
-
-    def allows(self, arm: Arm) -> bool:
-        if self.only is not None:
-            return arm in self.only
-        return arm.is_plain or (
-            arm.draft in self.drafts and self.gamma_min <= arm.gamma <= self.gamma_max
-        )
-
-    def all_arms(self) -> list[Arm]:
-        if self.only is not None:
-            return sorted(self.only, key=lambda a: (not a.is_plain, a.draft or "", a.gamma))  # plain first
-        return [Arm()] + [
-            Arm(d, g) for d in self.drafts for g in range(self.gamma_min, self.gamma_max + 1)
-        ]
-
-    @staticmethod
-    def of(arms) -> "ArmInfo":
-        """The menu of exactly these arms."""
-        arms = frozenset(arms)
-        spec = [a for a in arms if not a.is_plain]
-        return ArmInfo(tuple(sorted({a.draft for a in spec})), min((a.gamma for a in spec), default=1),
-                       max((a.gamma for a in spec), default=1), arms)
-
-
 class GenerationHandle(Protocol):
-    """A running generation. Iterate it for `TokenDelta`s; `result()` blocks for the end."""
+    """A running generation, as the gateway consumes it (asynchronously):
+    `async for delta in handle`, then `await handle.result()`."""
 
     request_id: str
 
-    def __iter__(self) -> Iterator[TokenDelta]: ...
+    def __aiter__(self) -> AsyncIterator[TokenDelta]: ...
 
-    def result(self, timeout: float | None = None) -> GenerationResult: ...
+    async def result(self, timeout: float | None = None) -> GenerationResult:
+        """The end of the generation (consuming what was not iterated); raises
+        TimeoutError after `timeout` seconds and cancels the generation."""
+        ...
 
     def cancel(self) -> None: ...
 
 
 class Engine(Protocol):
-    """What the gateway needs of an engine, in-process or remote."""
+    """What the gateway needs of an engine."""
 
-    def arms(self) -> ArmInfo: ...
+    def arms(self) -> ArmMenu: ...
 
     def load(self) -> LoadSnapshot: ...
 
@@ -257,13 +161,3 @@ class Engine(Protocol):
     def count_tokens(self, text: str) -> int: ...
 
     def close(self) -> None: ...
-
-
-def first_differing_token(a: Sequence[str], b: Sequence[str]) -> tuple[int, str | None, str | None] | None:
-    """Index and tokens where two id->token tables first differ, or None when identical."""
-    for i in range(max(len(a), len(b))):
-        ta = a[i] if i < len(a) else None
-        tb = b[i] if i < len(b) else None
-        if ta != tb:
-            return i, ta, tb
-    return None

@@ -15,47 +15,47 @@ loop on a thread of its own.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
 import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 
-from engines.api import (
-    ArmInfo, EngineError, GenerationRequest, GenerationResult, InvalidRequest, LoadSnapshot, Overloaded, TokenDelta,
-)
-from engines.config import EngineConfig, LayerDraftConfig, ModelDraftConfig, NgramDraftConfig
-from engines.scheduler import Scheduler
-from engines.llama import LlamaModel, pack_for_cpu
-from engines.loading import (
-    LoadedModel, check_tokenizers_match, default_cache_dir, default_target_path, load_model,
-)
-from engines.proposers import ModelDraftProposer, NgramProposer, Proposer
+from engines.api import GenerationRequest, GenerationResult, LoadSnapshot, TokenDelta
+from engines.arms import ArmMenu
+from engines.config import EngineConfig
+from engines.drafts import ProposerFactory, build_drafts, should_pack
+from engines.errors import EngineError, InvalidRequest, Overloaded
+from engines.llama import pack_for_cpu
+from engines.loading import LoadedModel, default_cache_dir, default_target_path, load_model
 from engines.sampling import validate_sampling
+from engines.scheduler import Scheduler
 from engines.text import encode_prompt
 
 log = logging.getLogger(__name__)
 
-ProposerFactory = Callable[[int], Proposer]  # KV capacity -> a fresh proposer for one request
-_DONE = object()
-
 
 class BuiltinHandle:
-    """A queued or running request. Iterate for deltas, or call result()."""
+    """A queued or running request. The decode loop pushes deltas and finishes it
+    from its thread; consumers read it synchronously (`for delta in handle`,
+    `handle.wait()`) or from an event loop (`async for`, `await handle.result()`)."""
 
     def __init__(self, request: GenerationRequest, prompt_ids: list[int]):
         self.request_id = request.request_id
         self.request = request
         self.prompt_ids = prompt_ids
         self.enqueued_at = time.perf_counter()
-        self._events: queue.Queue = queue.Queue()
+        self._deltas: list[TokenDelta] = []
+        self._cond = threading.Condition()
+        self._wakers: list[Callable[[], None]] = []  # event-loop consumers to wake
         self._cancelled = threading.Event()
         self._result: GenerationResult | None = None
         self._error: BaseException | None = None
-        self._finished = threading.Event()
+        self._done = False
 
     def cancel(self) -> None:
         self._cancelled.set()
@@ -64,31 +64,92 @@ class BuiltinHandle:
     def cancelled(self) -> bool:
         return self._cancelled.is_set()
 
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    # the decode loop's side
+    def push(self, delta: TokenDelta) -> None:
+        with self._cond:
+            self._deltas.append(delta)
+            self._cond.notify_all()
+            wakers = list(self._wakers)
+        for wake in wakers:
+            wake()
+
+    def finish(self, result: GenerationResult | None, error: BaseException | None = None) -> None:
+        with self._cond:
+            self._result, self._error, self._done = result, error, True
+            self._cond.notify_all()
+            wakers = list(self._wakers)
+        for wake in wakers:
+            wake()
+
+    # synchronous consumers (scripts, benchmarks, the CLI)
     def __iter__(self) -> Iterator[TokenDelta]:
+        i = 0
         while True:
-            item = self._events.get()
-            if item is _DONE:
+            with self._cond:
+                while i == len(self._deltas) and not self._done:
+                    self._cond.wait()
+                new, done = self._deltas[i:], self._done
+            i += len(new)
+            yield from new
+            if done and i == len(self._deltas):
                 break
-            yield item
         if self._error is not None:
             raise self._error
 
-    def result(self, timeout: float | None = None) -> GenerationResult:
-        if not self._finished.wait(timeout):
-            raise TimeoutError(f"request {self.request_id} did not finish within {timeout} s")
+    def wait(self, timeout: float | None = None) -> GenerationResult:
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._done, timeout):
+                raise TimeoutError(f"request {self.request_id} did not finish within {timeout} s")
         if self._error is not None:
             raise self._error
         assert self._result is not None
         return self._result
 
-    # worker side
-    def _emit(self, delta: TokenDelta) -> None:
-        self._events.put(delta)
+    # event-loop consumers (the gateway)
+    async def __aiter__(self) -> AsyncIterator[TokenDelta]:
+        loop = asyncio.get_running_loop()
+        ready = asyncio.Event()
 
-    def _finish(self, result: GenerationResult | None, error: BaseException | None = None) -> None:
-        self._result, self._error = result, error
-        self._finished.set()
-        self._events.put(_DONE)
+        def wake():
+            loop.call_soon_threadsafe(ready.set)
+
+        with self._cond:
+            self._wakers.append(wake)
+        try:
+            i = 0
+            while True:
+                ready.clear()  # before reading: a push after the read sets it again
+                with self._cond:
+                    new, done = self._deltas[i:], self._done
+                i += len(new)
+                for delta in new:
+                    yield delta
+                if done and i == len(self._deltas):
+                    break
+                if not new:
+                    await ready.wait()
+        finally:
+            with self._cond:
+                self._wakers.remove(wake)
+        if self._error is not None:
+            raise self._error
+
+    async def result(self, timeout: float | None = None) -> GenerationResult:
+        async def drain():
+            async for _ in self:
+                pass
+
+        try:
+            await asyncio.wait_for(drain(), timeout)
+        except asyncio.TimeoutError:
+            self.cancel()
+            raise TimeoutError(f"request {self.request_id} did not finish within {timeout} s") from None
+        assert self._result is not None
+        return self._result
 
 
 class BuiltinEngine:
@@ -98,8 +159,8 @@ class BuiltinEngine:
         self.model = target.model
         self.tokenizer = target.tokenizer
         self.config = config
-        self._drafts = drafts
-        self._arms = ArmInfo(tuple(drafts), config.gamma_min, config.gamma_max)
+        self.drafts = drafts  # name -> proposer factory
+        self._arms = ArmMenu(tuple(drafts), config.gamma_min, config.gamma_max)
         self.max_context = min(config.target.max_context, target.model.cfg.max_positions)
         self.eos_ids = frozenset(_eos_ids(target))
         self._queue: queue.Queue[BuiltinHandle | None] = queue.Queue()
@@ -114,7 +175,7 @@ class BuiltinEngine:
 
     # construction
     @classmethod
-    def from_config(cls, config: EngineConfig, start_worker: bool = True) -> "BuiltinEngine":
+    def from_config(cls, config: EngineConfig, start_worker: bool = True) -> BuiltinEngine:
         t = config.target
         if t.threads:
             torch.set_num_threads(t.threads)
@@ -124,18 +185,22 @@ class BuiltinEngine:
         target = load_model(t.path or default_target_path(), dtype, t.device, cache_dir)
         log.info("target %s loaded in %.1f s (%s, %s)", target.source, time.perf_counter() - t0, t.dtype, t.device)
         drafts = build_drafts(config, target, cache_dir)
-        if _should_pack(t):
+        if should_pack(t):
             pack_for_cpu(target.model.weights)  # layer drafts share this LlamaWeights object
         return cls(target, drafts, config, start_worker)
 
     # Engine protocol
-    def arms(self) -> ArmInfo:
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def arms(self) -> ArmMenu:
         return self._arms
 
     def load(self) -> LoadSnapshot:
-        l = self._load  # replaced whole after every step; no lock held across a step
-        return LoadSnapshot(l.running, l.waiting + self._queue.qsize(), l.tokens_per_step, l.kv_used_tokens,
-                            l.kv_limit_tokens, l.recent_step_s)
+        s = self._load  # replaced whole after every step; no lock held across a step
+        return LoadSnapshot(s.running, s.waiting + self._queue.qsize(), s.tokens_per_step, s.kv_used_tokens,
+                            s.kv_limit_tokens, s.recent_step_s)
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer(text)["input_ids"])
@@ -149,13 +214,7 @@ class BuiltinEngine:
             raise InvalidRequest("prompt", f"{len(prompt_ids)} tokens leave no room in the "
                                            f"{self.max_context}-token context window")
         validate_sampling(request.sampling, room)
-        arm = request.arm
-        if not arm.is_plain:
-            if arm.draft not in self._drafts:
-                raise InvalidRequest("arm.draft", f"unknown draft {arm.draft!r}; this engine serves {sorted(self._drafts)}")
-            if not self.config.gamma_min <= arm.gamma <= self.config.gamma_max:
-                raise InvalidRequest("arm.gamma", f"must be in [{self.config.gamma_min}, "
-                                                  f"{self.config.gamma_max}], got {arm.gamma}")
+        self._arms.check(request.arm)
         need = len(prompt_ids) + request.sampling.max_tokens + self.config.gamma_max + 1
         if need > self.config.kv_budget_tokens:
             raise InvalidRequest("max_tokens", f"prompt plus max_tokens needs {need} KV positions; this engine's "
@@ -168,7 +227,7 @@ class BuiltinEngine:
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
         """Submit and wait: the convenient form for scripts and tests."""
-        return self.submit(request).result()
+        return self.submit(request).wait()
 
     def close(self) -> None:
         """Stop taking requests; the loop finishes what is queued, then returns."""
@@ -220,7 +279,7 @@ def drive_from_side_thread(engine: BuiltinEngine, fn: Callable[[], object]) -> o
     def drive():
         try:
             outcome["value"] = fn()
-        except BaseException as e:  # re-raised on the calling thread
+        except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
             outcome["error"] = e
         finally:
             engine.close()
@@ -234,10 +293,6 @@ def drive_from_side_thread(engine: BuiltinEngine, fn: Callable[[], object]) -> o
     return outcome["value"]
 
 
-def _should_pack(t) -> bool:
-    return t.pack_weights and t.device == "cpu" and t.dtype == "float32" and torch.backends.mkldnn.is_available()
-
-
 def _eos_ids(target: LoadedModel) -> set[int]:
     ids = set()
     for src in (getattr(target.hf_config, "eos_token_id", None), target.tokenizer.eos_token_id):
@@ -246,23 +301,3 @@ def _eos_ids(target: LoadedModel) -> set[int]:
         elif isinstance(src, (list, tuple)):
             ids.update(int(i) for i in src)
     return ids
-
-
-def build_drafts(config: EngineConfig, target: LoadedModel, cache_dir: Path) -> dict[str, ProposerFactory]:
-    """One proposer factory per configured draft. Refuses a draft whose tokenizer
-    differs from the target's."""
-    t = config.target
-    drafts: dict[str, ProposerFactory] = {}
-    for d in config.drafts:
-        if isinstance(d, NgramDraftConfig):
-            drafts[d.name] = (lambda cap, d=d: NgramProposer(d.min_n, d.max_n, t.device))
-        elif isinstance(d, LayerDraftConfig):
-            sub = LlamaModel(target.model.cfg, target.model.weights, d.layer_ids(target.model.cfg.num_layers))
-            drafts[d.name] = (lambda cap, sub=sub: ModelDraftProposer(sub, cap))
-        elif isinstance(d, ModelDraftConfig):
-            loaded = load_model(d.path, getattr(torch, t.dtype), t.device, cache_dir)
-            check_tokenizers_match(target.tokenizer, loaded.tokenizer, d.name)
-            if _should_pack(t):
-                pack_for_cpu(loaded.model.weights)
-            drafts[d.name] = (lambda cap, m=loaded.model: ModelDraftProposer(m, cap))
-    return drafts

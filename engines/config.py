@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -86,14 +86,15 @@ class ModelDraftConfig(_Strict):
 # untrained subsets measured (first 8/15/22, every other, skip 10 or 5 middle ones).
 SELFSPEC_LAYERS = list(range(0, 12)) + list(range(17, 30))
 
-DraftConfig = Annotated[Union[NgramDraftConfig, LayerDraftConfig, ModelDraftConfig], Field(discriminator="kind")]
+DraftConfig = Annotated[NgramDraftConfig | LayerDraftConfig | ModelDraftConfig, Field(discriminator="kind")]
 
 
 class EngineConfig(_Strict):
     """The built-in engine."""
 
     target: TargetConfig = TargetConfig()
-    drafts: list[DraftConfig] = Field(default_factory=lambda: [NgramDraftConfig(), LayerDraftConfig(layers=SELFSPEC_LAYERS)])
+    drafts: list[DraftConfig] = Field(
+        default_factory=lambda: [NgramDraftConfig(), LayerDraftConfig(layers=SELFSPEC_LAYERS)])
     """Drafts the engine can serve arms with; names must be unique and not 'plain'."""
     gamma_min: int = Field(1, ge=1)
     """Smallest speculation length a request may ask for."""
@@ -120,47 +121,12 @@ class EngineConfig(_Strict):
         return self
 
 
-class OpenAIServerConfig(_Strict):
-    """An OpenAI-compatible server (vLLM, SGLang, llama.cpp, TGI, ...) behind the
-    gateway. These servers configure speculation per server, so each entry
-    declares the arm(s) it serves: e.g. one vLLM without speculation
-    (`arms: [plain]`), one with an n-gram speculator at K=4 (`[ngram:4]`), one
-    with a draft model at K=5 (`[draft:5]`)."""
+def load_engine_config(path: str | None) -> EngineConfig:
+    """An EngineConfig from a YAML file (None: the defaults)."""
+    if not path:
+        return EngineConfig()
+    from pathlib import Path
 
-    url: str = Field(pattern=r"^https?://[^/\s]+/?$")
-    """Base URL, e.g. http://10.0.0.5:8000 (the /v1 paths are added)."""
-    id: str | None = None
-    """Name in logs, outcomes and GetStatus (default: the URL)."""
-    kind: Literal["vllm", "sglang", "llamacpp", "generic"] = "generic"
-    """Which server it is: decides the Prometheus metric names read for load and
-    acceptance counters, and the response fields read for per-request acceptance."""
-    model: str | None = None
-    """Model name sent with each request (default: the first one /v1/models lists)."""
-    arms: list[str] = Field(default_factory=lambda: ["plain"], min_length=1)
-    """Arms served: 'plain', 'DRAFT:GAMMA', or 'DRAFT:LO-HI' with gamma_field set."""
-    gamma_field: str | None = None
-    """Request field that sets γ per request (llama.cpp server: 'speculative.n_max'),
-    so that one endpoint serves a range of γ."""
-    max_context: int = Field(4096, ge=16)
-    """Context length the server was started with (prompt + output)."""
-    connect_timeout_s: float = Field(2.0, gt=0)
-    read_timeout_s: float = Field(300.0, gt=0)
-    """Longest silence between two streamed chunks before the request fails."""
-    health_path: str | None = None
-    """GET this for health (default: /health for vllm, sglang and llamacpp; /v1/models for generic).
-    llama-cpp-python's server has no /health and takes its model lock on /v1/models, which
-    interrupts a running stream: point it at /openapi.json."""
-    metrics_path: str | None = "/metrics"
-    """Prometheus page for live load and speculation counters; None: use the
-    gateway's own in-flight counts."""
-    api_key_env: str | None = None
-    """Environment variable holding the server's API key (sent as a Bearer token)."""
-    max_inflight: int = Field(256, ge=1)
-    """Requests this gateway keeps in flight on the server; beyond, RESOURCE_EXHAUSTED."""
+    import yaml
 
-    @model_validator(mode="after")
-    def _arms_parse(self):
-        from engines.openai_server import parse_arms  # the parser lives with its user
-
-        parse_arms(self.arms, self.gamma_field)  # raises ValueError with the offending entry
-        return self
+    return EngineConfig.model_validate(yaml.safe_load(Path(path).read_text()) or {})

@@ -14,8 +14,8 @@ Hk key/value heads, G = H // Hk, D head dim, E hidden size, V vocab.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +39,7 @@ class LlamaConfig:
     qkv_bias: bool
 
     @staticmethod
-    def from_hf(hf_config) -> "LlamaConfig":
+    def from_hf(hf_config) -> LlamaConfig:
         model_type = getattr(hf_config, "model_type", "")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
@@ -86,7 +86,7 @@ class LlamaWeights:
     @staticmethod
     def from_state_dict(
         cfg: LlamaConfig, sd: dict[str, torch.Tensor], hf_config, dtype: torch.dtype, device: str
-    ) -> "LlamaWeights":
+    ) -> LlamaWeights:
         """Build from a Hugging Face `LlamaForCausalLM` state dict. Copies into fresh,
         contiguous tensors: nothing stays backed by a file mapping."""
 
@@ -293,7 +293,7 @@ class LlamaModel:
             h = F.rms_norm(x, (cfg.hidden_size,), lw.mlp_norm, eps)
             gate, up = linear(h, lw.gate_up).chunk(2, dim=-1)  # [N, I] each
             x = x + linear(F.silu(gate) * up, lw.down)
-        for T, start, end, mask, cache in spans:
+        for _, _, end, _, cache in spans:
             cache.lengths[0] = end
         # the head only where logits are wanted
         rows, sizes, off = [], [], 0

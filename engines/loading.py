@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from engines.api import TokenizerMismatch, first_differing_token
+from engines.errors import TokenizerMismatch
 from engines.llama import LlamaConfig, LlamaModel, LlamaWeights
 
 log = logging.getLogger(__name__)
@@ -119,6 +119,16 @@ def ensure_converted_gguf(gguf: Path, cache_dir: Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("converted in %.1f s", time.perf_counter() - t0)
     return out
+
+
+def first_differing_token(a: list[str], b: list[str]) -> tuple[int, str | None, str | None] | None:
+    """Index and tokens where two id->token tables first differ, or None when identical."""
+    for i in range(max(len(a), len(b))):
+        ta = a[i] if i < len(a) else None
+        tb = b[i] if i < len(b) else None
+        if ta != tb:
+            return i, ta, tb
+    return None
 
 
 def check_tokenizers_match(target_tok, draft_tok, draft_name: str) -> None:

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from engines.api import InvalidRequest, SamplingParams
+from engines.api import SamplingParams
+from engines.errors import InvalidRequest
+
+MIN_TEMPERATURE = 1e-4  # below it, sampling is greedy but for exact ties
 
 
 def validate_sampling(p: SamplingParams, max_new_tokens_allowed: int) -> None:
@@ -42,7 +45,8 @@ def logits_to_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
         probs = torch.zeros_like(logits)
         probs.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
         return probs
-    logits = logits / p.temperature
+    # A denormal temperature would turn the logits into infinities (and the softmax into NaN).
+    logits = logits / max(p.temperature, MIN_TEMPERATURE)
     vocab = logits.shape[-1]
     if 0 < p.top_k < vocab:
         kth = torch.topk(logits, p.top_k, dim=-1).values[..., -1:]  # [N, 1]
@@ -57,8 +61,3 @@ def logits_to_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits.softmax(dim=-1)
-
-
-def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """probs [N, V] -> token ids [N]."""
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

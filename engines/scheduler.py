@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engines.api import Cancelled, EngineError, GenerationResult, GenerationStats, SamplingParams, TokenDelta
-from engines.decode import sample_token, verification_input, verify
+from engines.api import GenerationResult, GenerationStats, SamplingParams, TokenDelta
+from engines.decode import draft_budget, record_round, rollback, sample_token, settle, verification_input, verify
+from engines.errors import Cancelled, EngineError
 from engines.llama import KVCache, LlamaModel
 from engines.proposers import ModelDraftProposer, Proposal
 from engines.proposers.model_draft import propose_many
@@ -79,7 +80,7 @@ class Scheduler:
             handle = self.waiting[0]
             if handle.cancelled:
                 self.waiting.popleft()
-                handle._finish(None, Cancelled(f"request {handle.request_id} cancelled while queued"))
+                handle.finish(None, Cancelled(f"request {handle.request_id} cancelled while queued"))
                 continue
             need = self.reservation(handle)
             if self.running and self.kv_used + need > self.kv_budget:
@@ -126,7 +127,7 @@ class Scheduler:
                 items.append((ids, r.cache, False))
             elif (p := proposals.get(id(r))) is not None and p.token_ids.numel():
                 plans.append(("verify", r, p))
-                items.append((verification_input(r.tokens[-1], p, self.model.device), r.cache, True))
+                items.append((verification_input(r.tokens[-1], p.token_ids), r.cache, True))
             else:
                 plans.append(("decode", r, None))
                 items.append((torch.tensor([r.tokens[-1]], device=self.model.device), r.cache, False))
@@ -141,21 +142,15 @@ class Scheduler:
                     r.stats.prefill_s = t2 - r.started
                     self._emit(r, [sample_token(logits, r.sampling, r.generator)], t2)
                 continue
-            r.stats.draft_s += t1 - t0
-            r.stats.verify_s += t2 - t1
-            r.stats.rounds += 1
             if kind == "verify":
-                start = r.cache.lengths[0] - extra.token_ids.numel() - 1
+                k = int(extra.token_ids.numel())
                 n, emitted = verify(logits, extra, r.sampling, r.generator)
-                r.cache.lengths[0] = start + 1 + n  # roll back past the rejected drafts
-                r.stats.drafted_per_round.append(int(extra.token_ids.numel()))
-                r.stats.accepted_per_round.append(n)
+                rollback(r.cache, k, n)
                 r.proposer.observe(n)
+                record_round(r.stats, k, n, t1 - t0, t2 - t1)
             else:
                 emitted = [sample_token(logits, r.sampling, r.generator)]
-                if r.proposer is not None:  # a speculative round with nothing proposed
-                    r.stats.drafted_per_round.append(0)
-                    r.stats.accepted_per_round.append(0)
+                record_round(r.stats, None if r.proposer is None else 0, 0, t1 - t0, t2 - t1)
             self._emit(r, emitted, t2)
         self.last_step_tokens = sum(it[0].shape[0] for it in items)
         self.step_s = 0.8 * self.step_s + 0.2 * (time.perf_counter() - t0) if self.step_s else time.perf_counter() - t0
@@ -168,8 +163,7 @@ class Scheduler:
         for r in decoding:
             if r.proposer is None:
                 continue
-            remaining = r.sampling.max_tokens - r.produced
-            k = min(r.gamma, remaining - 1, r.cache.capacity - r.cache.lengths[0] - 1)
+            k = draft_budget(r.gamma, r.produced, r.sampling.max_tokens, r.cache)
             if k <= 0:
                 continue
             if isinstance(r.proposer, ModelDraftProposer):
@@ -196,26 +190,17 @@ class Scheduler:
         r.error = EngineError(f"internal error in request {r.handle.request_id}: {type(e).__name__}")
 
     def _emit(self, r: Running, emitted: list[int], now: float) -> None:
-        sp = r.sampling
-        emitted = emitted[: sp.max_tokens - r.produced]
-        stop_on_eos = not sp.ignore_eos
-        if stop_on_eos:
-            for i, t in enumerate(emitted):
-                if t in self.eos_ids:
-                    emitted = emitted[: i + 1]
-                    break
+        emitted, eos = settle(emitted, r.produced, r.sampling, self.eos_ids)
         if not r.out_ids:
             r.stats.ttft_s = now - r.started
         r.tokens.extend(emitted)
         r.out_ids.extend(emitted)
         delta = r.text.push(emitted)
         if delta:
-            r.handle._emit(TokenDelta(delta, tuple(emitted)))
-        if r.text.stopped:
+            r.handle.push(TokenDelta(delta, tuple(emitted)))
+        if r.text.stopped or eos:
             r.finish = "stop"
-        elif stop_on_eos and emitted and emitted[-1] in self.eos_ids:
-            r.finish = "stop"
-        elif r.produced >= sp.max_tokens:
+        elif r.produced >= r.sampling.max_tokens:
             r.finish = "length"
 
     def _retire(self) -> None:
@@ -226,21 +211,21 @@ class Scheduler:
                 continue
             self.kv_used -= r.reserved
             if r.finish == "error":
-                r.handle._finish(None, r.error)
+                r.handle.finish(None, r.error)
                 continue
             tail = r.text.finish()
             if tail:
-                r.handle._emit(TokenDelta(tail, ()))
+                r.handle.push(TokenDelta(tail, ()))
             st = r.stats
             st.total_s = time.perf_counter() - r.started
             st.output_tokens = r.produced
             st.finish_reason = r.finish
             r.cache = None  # free the KV memory now, not when the handle is collected
-            r.handle._finish(GenerationResult(r.handle.request_id, r.text.text, tuple(r.out_ids), st))
+            r.handle.finish(GenerationResult(r.handle.request_id, r.text.text, tuple(r.out_ids), st))
         self.running = keep
 
     def fail_all(self, error: BaseException) -> None:
         for r in self.running:
             self.kv_used -= r.reserved
-            r.handle._finish(None, error)
+            r.handle.finish(None, error)
         self.running = []

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from engines.api import ChatMessage, GenerationRequest, InvalidRequest
+from engines.api import ChatMessage, GenerationRequest
+from engines.errors import InvalidRequest
 
 MAX_PROMPT_CHARS = 1_000_000
 CHAT_ROLES = {"system", "user", "assistant", "tool"}

@@ -1,116 +1,70 @@
-"""The `specgate` command line."""
+"""The `specgate` command line.
+
+Each command lives in a module of its package with `add_arguments(parser)` and
+`main(args)`; only the chosen command's module is imported, so a light command
+(`specgate health`, the container probe run every few seconds) never pays for
+torch, transformers or scikit-learn.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
-import logging
+import importlib
 import sys
 
-
-def cmd_bench_engine(args) -> int:
-    from engines import bench
-
-    return bench.main(args)
-
-
-def cmd_engine_generate(args) -> int:
-    from engines.api import Arm, ChatMessage, EngineError, GenerationRequest, SamplingParams
-    from engines.builtin import BuiltinEngine, drive_from_side_thread
-    from engines.config import EngineConfig
-
-    config = EngineConfig()
-    if args.config:
-        import yaml
-        from pathlib import Path
-
-        config = EngineConfig.model_validate(yaml.safe_load(Path(args.config).read_text()) or {})
-    engine = BuiltinEngine.from_config(config, start_worker=False)
-    try:
-        request = GenerationRequest(
-            request_id="cli",
-            messages=(ChatMessage("user", args.prompt),) if not args.raw else (),
-            prompt=args.prompt if args.raw else None,
-            arm=Arm.parse(args.arm),
-            sampling=SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                                    top_k=args.top_k, seed=args.seed, stop=tuple(args.stop)),
-        )
-        handle = engine.submit(request)
-    except EngineError as e:
-        engine.close()
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-    def stream():
-        for delta in handle:
-            if not args.json:
-                print(delta.text, end="", flush=True)
-        return handle.result()
-
-    try:
-        result = drive_from_side_thread(engine, stream)
-    except EngineError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    stats = result.stats.to_dict()
-    if args.json:
-        print(json.dumps(dict(text=result.text, stats=stats)))
-    else:
-        print(f"\n--- arm {stats['arm']}: {stats['output_tokens']} tokens, {stats['tokens_per_s']:.1f} tok/s, "
-              f"acceptance {stats['acceptance_rate']:.2f}, mean accepted length {stats['mean_accepted_length']:.2f}, "
-              f"finish {stats['finish_reason']}", file=sys.stderr)
-    return 0
+# name -> (module, one-line help). The module's docstring is the command's --help description.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("gateway.cmd_serve", "run the gateway (default: built-in engine on SmolLM2, loopback, no keys)"),
+    "engine": ("gateway.cmd_engine", "serve a built-in engine to gateways over the internal gRPC API"),
+    "generate": ("gateway.cmd_generate", "call a gateway and print the text, decision and stats"),
+    "decide": ("gateway.cmd_decide", "ask a gateway which arm it would choose, and why"),
+    "status": ("gateway.cmd_status", "engines, arms, load and versions of a gateway"),
+    "health": ("gateway.cmd_health", "exit 0 if a gateway or engine worker answers the gRPC health check as "
+                                     "SERVING (container probe; needs no API key)"),
+    "retrain": ("telemetry.cmd_retrain", "learn policy models from the outcome stream; promote the better ones"),
+    "rollback": ("telemetry.cmd_rollback", "make an earlier policy model version live again"),
+    "rules": ("policy.cmd_rules", "validate operator rules, or explain which rule a request hits"),
+    "policy": ("policy.cmd_policy", "train the prompt category classifier"),
+    "engine-generate": ("engines.cmd_generate", "generate with the built-in engine in this process"),
+    "bench": ("bench.specbench.cli", "end to end on Spec-Bench: fixed arms, adaptive, the oracle, the learning "
+                                     "curve; JSON, Markdown and plots"),
+    "bench-engine": ("bench.engine", "every arm against plain and HF generate on Spec-Bench prompts"),
+    "bench-load": ("bench.load", "throughput and latency of every arm at concurrency 1..32"),
+    "bench-gateway": ("bench.gateway", "gateway added latency and echo-engine throughput"),
+    "bench-policy": ("bench.policy", "decision latency (features with classifier, plus decide)"),
+    "bench-telemetry": ("bench.telemetry", "retraining time, publish-to-live latency, outcome write cost"),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="specgate", description="Adaptive speculative decoding for LLM serving.")
+def _chosen(argv: list[str]) -> str | None:
+    """The command named on the command line (the first word that is one)."""
+    return next((a for a in argv if a in COMMANDS), None)
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="specgate", description="Adaptive speculative decoding for LLM serving: "
+                                "a gateway that chooses, per request, how to decode it.")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    from engines import bench
-
-    b = sub.add_parser("bench-engine", help="benchmark every arm against plain and HF generate on Spec-Bench",
-                       description=bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    bench.add_arguments(b)
-    b.set_defaults(func=cmd_bench_engine)
-
-    from engines import bench_load
-
-    bl = sub.add_parser("bench-load", help="throughput and latency of every arm at concurrency 1..32",
-                        description=bench_load.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    bench_load.add_arguments(bl)
-    bl.set_defaults(func=lambda args: bench_load.main(args))
-
-    g = sub.add_parser("engine-generate", help="generate with the built-in engine in this process")
-    g.add_argument("prompt", help="user message (chat template applied) or, with --raw, raw text")
-    g.add_argument("--arm", default="plain", help="plain or DRAFT:GAMMA, e.g. ngram:4 (default: %(default)s)")
-    g.add_argument("--max-tokens", type=int, default=128)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--seed", type=int)
-    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    g.add_argument("--raw", action="store_true", help="no chat template")
-    g.add_argument("--config", help="engine config YAML")
-    g.add_argument("--json", action="store_true", help="print one JSON object with text and stats")
-    g.set_defaults(func=cmd_engine_generate)
-
-    from gateway import commands
-    from policy import cli as policy_cli
-
-    commands.add_commands(sub)
-    policy_cli.add_commands(sub)
+    chosen = _chosen(argv)
+    for name, (module, helptext) in COMMANDS.items():
+        if name != chosen:
+            sub.add_parser(name, help=helptext)
+            continue
+        mod = importlib.import_module(module)
+        sp = sub.add_parser(name, help=helptext, description=mod.__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+        mod.add_arguments(sp)
+        sp.set_defaults(func=mod.main)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from gateway.interceptors import RequestIdFilter
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
+    from gateway.logs import configure_logging
 
-    handler = logging.StreamHandler(sys.stderr)
-    handler.addFilter(RequestIdFilter())  # every line says which request it belongs to
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"))
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[handler])
+    configure_logging(args.verbose)
     return args.func(args)
 
 

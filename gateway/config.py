@@ -3,17 +3,31 @@ Loaded once at the edge (`specgate serve --config FILE`) and logged."""
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from engines.config import EngineConfig, OpenAIServerConfig
+from engines.arms import parse_arm_specs
+from engines.config import EngineConfig
+from telemetry.config import TelemetryConfig
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def is_loopback(address: str) -> bool:
+    """Whether HOST:PORT names a loopback host (what may listen without credentials)."""
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class TLSConfig(_Strict):
@@ -27,10 +41,20 @@ class TLSConfig(_Strict):
     """PEM CA bundle; when set, client certificates are required and verified."""
 
 
+class ClientTLSConfig(_Strict):
+    """TLS from the gateway to an engine worker."""
+
+    ca: str
+    """PEM CA bundle the worker's certificate must chain to."""
+    cert: str | None = None
+    """PEM client certificate (mTLS), with `key`."""
+    key: str | None = None
+
+
 class TenantKey(_Strict):
     """An API key of a tenant. Keys are stored as SHA-256 digests, never in clear."""
 
-    tenant: str = Field(min_length=1, max_length=64)
+    tenant: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.@-]+$")
     key_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     """hex SHA-256 of the key: `printf %s KEY | sha256sum`."""
     methods: list[str] | None = None
@@ -40,6 +64,8 @@ class TenantKey(_Strict):
 class AuthConfig(_Strict):
     keys: list[TenantKey] = Field(default_factory=list)
     """API keys. Also read from $SPECGATE_API_KEYS as 'tenant:key,tenant:key'."""
+    protect_metrics: bool = True
+    """With keys configured, /metrics needs a key too (any tenant's); false serves it openly."""
 
 
 class RemoteEngineConfig(_Strict):
@@ -49,28 +75,54 @@ class RemoteEngineConfig(_Strict):
     """host:port of the worker."""
     id: str | None = None
     """Name in logs and GetStatus (default: the address)."""
+    token_env: str | None = "SPECGATE_WORKER_TOKEN"
+    """Environment variable holding the worker token sent to it (when set)."""
+    tls: ClientTLSConfig | None = None
+    """Connect with TLS (and a client certificate for mTLS)."""
 
 
-class TelemetryConfig(_Strict):
-    """Outcomes, model versions and traces."""
+class OpenAIServerConfig(_Strict):
+    """An OpenAI-compatible server (vLLM, SGLang, llama.cpp, TGI, ...) behind the
+    gateway. These servers configure speculation per server, so each entry
+    declares the arm(s) it serves: e.g. one vLLM without speculation
+    (`arms: [plain]`), one with an n-gram speculator at K=4 (`[ngram:4]`), one
+    with a draft model at K=5 (`[draft:5]`)."""
 
-    redis_url: str | None = None
-    """e.g. redis://127.0.0.1:6379/0. None: start a private redis-server on loopback when the binary
-    is installed (and retrain in-process), else keep outcomes in memory with learning off."""
-    embedded_retrainer: bool = True
-    """With the private Redis, also run the retrainer in this process."""
-    retrain_every: int = Field(500, ge=10)
-    """New outcomes between retrainings (embedded retrainer)."""
-    artifact_key_env: str = "SPECGATE_ARTIFACT_KEY"
-    """Environment variable holding the HMAC key that signs policy models (shared with the retrainer)."""
-    include_prompt: bool = False
-    """Put prompt text into outcome records."""
-    max_queue: int = Field(10_000, ge=1)
-    """Outcome records held in memory while Redis is away; beyond, the oldest are dropped and counted."""
-    exporter: Literal["none", "console", "otlp-grpc", "otlp-http"] = "none"
-    """Where traces and metrics go."""
-    otlp_endpoint: str | None = None
-    """OTLP collector endpoint (default: the exporter's own default)."""
+    url: str = Field(pattern=r"^https?://[^/\s]+/?$")
+    """Base URL, e.g. http://10.0.0.5:8000 (the /v1 paths are added)."""
+    id: str | None = None
+    """Name in logs, outcomes and GetStatus (default: the URL)."""
+    kind: Literal["vllm", "sglang", "llamacpp", "generic"] = "generic"
+    """Which server it is: decides the Prometheus metric names read for load and
+    acceptance counters, and the response fields read for per-request acceptance."""
+    model: str | None = None
+    """Model name sent with each request (default: the first one /v1/models lists)."""
+    arms: list[str] = Field(default_factory=lambda: ["plain"], min_length=1)
+    """Arms served: 'plain', 'DRAFT:GAMMA', or 'DRAFT:LO-HI' with gamma_field set."""
+    gamma_field: str | None = None
+    """Request field that sets γ per request (llama.cpp server: 'speculative.n_max'),
+    so that one endpoint serves a range of γ (the engine's γ_max under adaptive drafting)."""
+    max_context: int = Field(4096, ge=16)
+    """Context length the server was started with (prompt + output)."""
+    connect_timeout_s: float = Field(2.0, gt=0)
+    read_timeout_s: float = Field(300.0, gt=0)
+    """Longest silence between two streamed chunks before the request fails."""
+    health_path: str | None = None
+    """GET this for health (default: /health for vllm, sglang and llamacpp; /v1/models for generic).
+    llama-cpp-python's server has no /health and takes its model lock on /v1/models, which
+    interrupts a running stream: point it at /openapi.json."""
+    metrics_path: str | None = "/metrics"
+    """Prometheus page for live load and speculation counters; None: use the
+    gateway's own in-flight counts."""
+    api_key_env: str | None = None
+    """Environment variable holding the server's API key (sent as a Bearer token)."""
+    max_inflight: int = Field(256, ge=1)
+    """Requests this gateway keeps in flight on the server; beyond, RESOURCE_EXHAUSTED."""
+
+    @model_validator(mode="after")
+    def _arms_parse(self):
+        parse_arm_specs(self.arms, ranges=self.gamma_field is not None)  # ValueError names the entry
+        return self
 
 
 class GatewayConfig(_Strict):
@@ -78,11 +130,11 @@ class GatewayConfig(_Strict):
     """Address to serve on. Without API keys only loopback addresses are allowed."""
     http_listen: str | None = None
     """Also serve the OpenAI-compatible HTTP API and /metrics here (e.g. 127.0.0.1:8000); None: off."""
-    workers: int = Field(32, ge=1, le=1024)
-    """Concurrent RPCs served (thread pool size)."""
-    max_concurrent_streams: int = Field(256, ge=1)
+    max_concurrent_streams: int = Field(256, ge=1, le=100_000)
+    """Generation calls (gRPC and HTTP together) served at once; beyond, new ones are refused at once
+    with RESOURCE_EXHAUSTED / HTTP 429. Health and status are never counted."""
     drain_grace_s: float = Field(30.0, ge=0)
-    """On SIGTERM: refuse new calls, give in-flight ones this long, then exit."""
+    """On SIGTERM: refuse new calls, give in-flight ones (gRPC and HTTP) this long, then exit."""
     rules: str | None = None
     """Operator rules YAML (default: the shipped policy/default_rules.yaml). Reloaded on change."""
     rules_poll_s: float = Field(1.0, gt=0)

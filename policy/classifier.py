@@ -83,7 +83,7 @@ class CategoryClassifier:
 
     # training and storage
     @classmethod
-    def train(cls, texts: list[str], labels: list[str], folds: int = 5, seed: int = 0) -> "CategoryClassifier":
+    def train(cls, texts: list[str], labels: list[str], folds: int = 5, seed: int = 0) -> CategoryClassifier:
         from sklearn.linear_model import LogisticRegression
         from sklearn.model_selection import StratifiedKFold, cross_val_score
 
@@ -112,7 +112,7 @@ class CategoryClassifier:
         }))
 
     @classmethod
-    def load(cls, path: Path = BUNDLED) -> "CategoryClassifier":
+    def load(cls, path: Path = BUNDLED) -> CategoryClassifier:
         d = json.loads(Path(path).read_text())
         if d.get("format") != "specgate.category_classifier.v2" or d.get("n_features") != N_FEATURES:
             raise ValueError(f"{path}: not a specgate category classifier (v2, {N_FEATURES} features)")

@@ -6,7 +6,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from engines.api import Arm, ArmInfo, InvalidRequest
+from engines.arms import Arm, ArmMenu
+from engines.errors import InvalidRequest
 from policy.features import RequestFeatures
 from policy.model import PolicyModel, prior_model
 from policy.rules import RuleSet, Then
@@ -33,9 +34,17 @@ class Decision:
                     predicted_speedup=self.predicted_speedup, propensity=self.propensity,
                     explored=self.explored, reason=self.reason)
 
+    @staticmethod
+    def from_dict(d: dict) -> Decision:
+        return Decision(arm=Arm.parse(d["arm"]), source=str(d.get("source", "policy")), rule=d.get("rule"),
+                        policy_version=str(d.get("policy_version", "")), rules_version=str(d.get("rules_version", "")),
+                        predicted_speedup={str(k): float(v) for k, v in (d.get("predicted_speedup") or {}).items()},
+                        propensity=float(d.get("propensity") or 0.0), explored=bool(d.get("explored", False)),
+                        reason=str(d.get("reason", "")))
+
 
 def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None, rng: random.Random,
-           arms: ArmInfo) -> Decision:
+           arms: ArmMenu) -> Decision:
     """Pick the arm for one request among those `arms` (what the engines serve)
     and the matching rule allow."""
     model = model or prior_model()
@@ -47,7 +56,8 @@ def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None,
     if then.force is not None:
         arm = Arm.parse(then.force)
         if not arms.allows(arm):
-            return Decision(Arm(), "fallback", reason=f"{where} forces {arm.name}, which no engine serves: plain", **base)
+            return Decision(Arm(), "fallback", reason=f"{where} forces {arm.name}, which no engine serves: plain",
+                            **base)
         return Decision(arm, "rule", reason=f"{where} forces {arm.name}", **base)
 
     guarded = _guarded_drafts(features, then, rng)
@@ -104,15 +114,16 @@ def _guarded_drafts(f: RequestFeatures, then: Then, rng: random.Random) -> set[s
     g = then.guard
     if g is None:
         return set()
-    low = {d for d, (alpha, n) in f.rolling_acceptance.items()
-           if n >= g.min_samples and alpha < g.min_acceptance and (g.drafts is None or d in g.drafts)}
+    # rolling_acceptance: draft -> (acceptance, rounds of evidence), from this tenant's policy-chosen traffic
+    low = {d for d, (alpha, rounds) in f.rolling_acceptance.items()
+           if rounds >= g.min_samples and alpha < g.min_acceptance and (g.drafts is None or d in g.drafts)}
     # one draw per decision, taken whether or not a draft is low, so that the
     # rng sequence (and thus the decision) does not depend on telemetry order
     reprobe = rng.random() < g.reprobe
     return set() if reprobe else low
 
 
-def _allowed_arms(arms: ArmInfo, then: Then, guarded: set[str]) -> list[Arm]:
+def _allowed_arms(arms: ArmMenu, then: Then, guarded: set[str]) -> list[Arm]:
     lo, hi = arms.gamma_min, arms.gamma_max
     if then.gamma is not None:
         lo, hi = max(lo, then.gamma.min), min(hi, then.gamma.max)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 # Phrases that ask the model to reuse the prompt's own text: the case where
 # prompt lookup (n-gram) drafting gets its tokens accepted.
@@ -42,6 +42,15 @@ class RequestFeatures:
         d["rolling_acceptance"] = dict(self.rolling_acceptance)
         return d
 
+    @staticmethod
+    def from_dict(d: dict) -> RequestFeatures:
+        """From to_dict() output of this or an earlier version (unknown keys ignored,
+        missing newer ones defaulted)."""
+        known = {k: v for k, v in d.items() if k in _FIELDS}
+        known["rolling_acceptance"] = {k: (float(a), float(n)) for k, (a, n) in
+                                       (known.get("rolling_acceptance") or {}).items()}
+        return RequestFeatures(**known)
+
 
 def copy_signal(text: str) -> float:
     """0..1 from copy cues and from how much a long prompt gives to copy from."""
@@ -67,3 +76,6 @@ def build_features(text: str, *, prompt_tokens: int, temperature: float, top_p: 
         copy_signal=copy_signal(text), running=running, waiting=waiting, tokens_per_step=tokens_per_step,
         tenant=tenant, requested_arm=requested_arm, rolling_acceptance=rolling_acceptance or {},
     )
+
+
+_FIELDS = {f.name for f in fields(RequestFeatures)}

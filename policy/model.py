@@ -137,7 +137,7 @@ class PolicyModel:
         }, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> "PolicyModel":
+    def from_json(cls, text: str | bytes) -> PolicyModel:
         d = json.loads(text)
         if d.get("format") != FORMAT:
             raise ValueError(f"not a {FORMAT} artifact")

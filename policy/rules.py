@@ -14,8 +14,13 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from engines.arms import Arm
+from engines.errors import InvalidRequest
 from policy.classifier import CATEGORIES
 from policy.features import RequestFeatures
+
+SHIPPED_RULES = Path(__file__).resolve().parent / "default_rules.yaml"
+"""The rules a gateway runs when none are configured (and the teaching example)."""
 
 
 class _Strict(BaseModel):
@@ -103,7 +108,9 @@ class Guard(_Strict):
 
     min_acceptance: float = Field(0.55, ge=0, le=1)
     min_samples: int = Field(20, ge=1)
-    """Rounds of evidence needed before the guard may trip."""
+    """Rounds of evidence (decayed) needed before the guard may trip. Evidence is
+    kept per tenant, from policy-chosen requests only: a request that forces an
+    arm, and another tenant's traffic, never move it."""
     reprobe: float = Field(0.02, ge=0, le=1)
     """Share of guarded requests that still try the draft, so it can recover."""
     drafts: list[str] | None = None
@@ -128,11 +135,11 @@ class Then(_Strict):
     @field_validator("force")
     @classmethod
     def _arm_syntax(cls, v):
-        if v is None or v == "plain":
-            return v
-        draft, sep, gamma = v.rpartition(":")
-        if not sep or not draft or not gamma.isdigit() or int(gamma) < 1:
-            raise ValueError(f"force must be 'plain' or 'DRAFT:GAMMA' with GAMMA >= 1, got {v!r}")
+        if v is not None:
+            try:
+                Arm.parse(v)
+            except InvalidRequest as e:
+                raise ValueError(f"force: {e.message}") from None
         return v
 
     @model_validator(mode="after")
@@ -225,4 +232,5 @@ def _describe(e: ValidationError, data: dict, source: str) -> str:
     return "\n".join(lines)
 
 
-DEFAULT_RULES = RuleSet()
+NO_RULES = RuleSet()
+"""An empty rule set: the model decides everything."""

@@ -1,30 +1,63 @@
 """Fitting the chooser from outcome telemetry, and judging it offline.
 
-An outcome row is a dict (the telemetry record, schema in telemetry/):
-    features        RequestFeatures as a dict (at decision time)
-    arm             "plain" or "DRAFT:GAMMA"
-    propensity      probability the logged policy gave that arm
-    output_tokens, rounds, decode_s (seconds after the first token)
+Learning reads `TrainingRow`s: what it needs of one served request. The
+outcome record they come from (its schema, versions and parsing) is
+telemetry/record.py's `OutcomeRecord.training_row()`.
 
 Per row, the effective acceptance is the α for which τ(α, γ) equals the tokens
 per round actually observed (it folds in rounds where nothing was proposed), and
 the round cost is the time per round over the plain step time at that load.
+Each tenant's rows weigh in proportion to the square root of their number, so
+one tenant's flood of unusual traffic cannot outvote everyone else's.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 
-from engines.api import Arm
+from engines.arms import Arm
 from policy.features import RequestFeatures
 from policy.model import (
-    PRIOR_EXPLORE, DraftModel, PolicyModel, acceptance_features, cost_features, expected_tokens_per_round, prior_draft,
+    PRIOR_EXPLORE,
+    DraftModel,
+    PolicyModel,
+    acceptance_features,
+    cost_features,
+    expected_tokens_per_round,
+    prior_draft,
 )
 
 MIN_ROWS_PER_DRAFT = 30
+
+
+@dataclass(frozen=True)
+class TrainingRow:
+    """One served request, as learning sees it."""
+
+    features: RequestFeatures  # at decision time (rolling acceptance left out)
+    arm: Arm
+    propensity: float  # probability the logging policy gave this arm
+    output_tokens: int
+    rounds: int  # target forwards after the first token
+    decode_s: float  # seconds after the first token
+    tenant: str = ""
+    request_id: str = ""
+
+    @property
+    def load(self) -> int:
+        return min(self.features.load, 64)
+
+
+def tenant_weights(rows: list[TrainingRow]) -> list[float]:
+    """Per-row factors that give each tenant influence ∝ √(its rows): a tenant
+    sending 100x the requests of another weighs 10x, not 100x."""
+    counts = Counter(r.tenant for r in rows)
+    return [1.0 / math.sqrt(counts[r.tenant]) for r in rows]
 
 
 def alpha_from_tokens_per_round(tpr: float, gamma: int) -> float:
@@ -40,21 +73,14 @@ def alpha_from_tokens_per_round(tpr: float, gamma: int) -> float:
     return (lo + hi) / 2
 
 
-def _features(row: dict) -> RequestFeatures:
-    f = dict(row["features"])
-    f["rolling_acceptance"] = {}
-    return RequestFeatures(**f)
-
-
-def plain_step_model(rows: list[dict]) -> np.ndarray:
+def plain_step_model(rows: list[TrainingRow]) -> np.ndarray:
     """Seconds per plain decode step as a + b · load, from plain rows."""
     x, y, w = [], [], []
-    for r in rows:
-        if r["arm"] == "plain" and r["output_tokens"] > 1 and r["decode_s"] > 0:
-            load = min(r["features"].get("running", 0) + r["features"].get("waiting", 0), 64)
-            x.append([1.0, load])
-            y.append(r["decode_s"] / (r["output_tokens"] - 1))
-            w.append(r["output_tokens"])
+    for r, tw in zip(rows, tenant_weights(rows)):
+        if r.arm.is_plain and r.output_tokens > 1 and r.decode_s > 0:
+            x.append([1.0, r.load])
+            y.append(r.decode_s / (r.output_tokens - 1))
+            w.append(r.output_tokens * tw)
     if len(x) < 3:
         return np.array([float(np.median(y)) if y else 0.05, 0.0])
     return _wls(np.array(x), np.array(y), np.array(w), ridge=1e-6)
@@ -96,19 +122,18 @@ def fit_round_cost(x: np.ndarray, y: np.ndarray, w: np.ndarray, prior: np.ndarra
     return coef
 
 
-def fit(rows: list[dict], version: str | None = None, explore: float | None = None) -> PolicyModel:
+def fit(rows: list[TrainingRow], version: str | None = None, explore: float | None = None) -> PolicyModel:
     t0 = time.perf_counter()
     step = plain_step_model(rows)
-    by_draft: dict[str, list[tuple[RequestFeatures, int, float, float, int]]] = defaultdict(list)
-    for r in rows:
-        if r["arm"] == "plain" or r["rounds"] <= 0 or r["decode_s"] <= 0:
+    by_draft: dict[str, list[tuple[RequestFeatures, int, float, float, float, int]]] = defaultdict(list)
+    for r, tw in zip(rows, tenant_weights(rows)):
+        if r.arm.is_plain or r.rounds <= 0 or r.decode_s <= 0:
             continue
-        arm = Arm.parse(r["arm"])
-        f = _features(r)
-        tpr = (r["output_tokens"] - 1) / r["rounds"]  # the first token comes from the prefill
-        plain_step = max(float(step @ [1.0, min(f.load, 64)]), 1e-6)
-        cost = (r["decode_s"] / r["rounds"]) / plain_step
-        by_draft[arm.draft].append((f, arm.gamma, alpha_from_tokens_per_round(tpr, arm.gamma), cost, r["rounds"]))
+        tpr = (r.output_tokens - 1) / r.rounds  # the first token comes from the prefill
+        plain_step = max(float(step @ [1.0, r.load]), 1e-6)
+        cost = (r.decode_s / r.rounds) / plain_step
+        by_draft[r.arm.draft].append((r.features, r.arm.gamma, alpha_from_tokens_per_round(tpr, r.arm.gamma), cost,
+                                      r.rounds * tw, r.rounds))
 
     drafts = {}
     for name, items in by_draft.items():
@@ -116,16 +141,16 @@ def fit(rows: list[dict], version: str | None = None, explore: float | None = No
             continue
         prior = prior_draft("ngram" if name.startswith("ngram") else "model")
         x = np.array([np.append(acceptance_features(f), 1.0) for f, *_ in items])
-        alpha = np.clip([a for _, _, a, _, _ in items], 0.02, 0.98)
-        w = np.array([n for *_, n in items], dtype=np.float64)
+        alpha = np.clip([a for _, _, a, _, _, _ in items], 0.02, 0.98)
+        w = np.array([it[4] for it in items], dtype=np.float64)
         accept = _wls(x, np.log(alpha / (1 - alpha)), w, ridge=0.3, prior=prior.accept_coef)
         xc = np.array([cost_features(g, f.load) for f, g, *_ in items])
-        cost = fit_round_cost(xc, np.array([c for _, _, _, c, _ in items]), w, np.asarray(prior.cost_coef))
+        cost = fit_round_cost(xc, np.array([it[3] for it in items]), w, np.asarray(prior.cost_coef))
         drafts[name] = DraftModel(accept.tolist(), cost.tolist(), prior.overhead_steps,
-                                  prior.overhead_per_prompt_token, int(w.sum()))
+                                  prior.overhead_per_prompt_token, sum(it[5] for it in items))
     lengths: dict[str, list[int]] = defaultdict(list)
     for r in rows:
-        lengths[r["features"]["category"]].append(r["output_tokens"])
+        lengths[r.features.category].append(r.output_tokens)
     typical = {c: float(np.median(v)) for c, v in lengths.items() if len(v) >= 10}
     version = version or time.strftime("v%Y%m%d-%H%M%S") + f".{int(time.time() * 1000) % 1000:03d}"
     explore = exploration_share(len(rows)) if explore is None else explore
@@ -135,11 +160,10 @@ def fit(rows: list[dict], version: str | None = None, explore: float | None = No
     return model
 
 
-def observed_speed(row: dict, step: np.ndarray) -> float:
+def observed_speed(row: TrainingRow, step: np.ndarray) -> float:
     """A row's speed relative to plain at its load: plain step time x tokens / time."""
-    load = min(row["features"].get("running", 0) + row["features"].get("waiting", 0), 64)
-    plain_step = max(float(step @ [1.0, load]), 1e-6)
-    return plain_step * max(row["output_tokens"] - 1, 1) / max(row["decode_s"], 1e-9)
+    plain_step = max(float(step @ [1.0, row.load]), 1e-6)
+    return plain_step * max(row.output_tokens - 1, 1) / max(row.decode_s, 1e-9)
 
 
 def greedy_arm(model: PolicyModel, f: RequestFeatures, arms: list[Arm]) -> Arm:
@@ -154,7 +178,7 @@ def greedy_arm(model: PolicyModel, f: RequestFeatures, arms: list[Arm]) -> Arm:
     return arms[max(range(len(arms)), key=lambda i: (speed[arms[i]], -i))]
 
 
-def offline_value(model: PolicyModel, rows: list[dict], arms: list[Arm],
+def offline_value(model: PolicyModel, rows: list[TrainingRow], arms: list[Arm],
                   step: np.ndarray | None = None) -> float | None:
     """Self-normalised inverse-propensity estimate of the mean relative speed the
     model's greedy choice among `arms` would have had on the logged rows.
@@ -162,9 +186,8 @@ def offline_value(model: PolicyModel, rows: list[dict], arms: list[Arm],
     step = plain_step_model(rows) if step is None else step
     num = den = 0.0
     for r in rows:
-        p = r.get("propensity") or 0.0
-        if p <= 0 or greedy_arm(model, _features(r), arms) != Arm.parse(r["arm"]):
+        if r.propensity <= 0 or greedy_arm(model, r.features, arms) != r.arm:
             continue
-        num += observed_speed(r, step) / p
-        den += 1.0 / p
+        num += observed_speed(r, step) / r.propensity
+        den += 1.0 / r.propensity
     return num / den if den > 0 else None

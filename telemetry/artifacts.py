@@ -13,7 +13,7 @@ import json
 import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from policy.model import PolicyModel
 
@@ -140,3 +140,17 @@ class ModelWatcher:
 
     def close(self) -> None:
         self._stop.set()
+
+
+def seed_registry(client, key: bytes, model: PolicyModel | None) -> None:
+    """A gateway started from a policy model file, in front of a Redis that holds
+    no live model yet, publishes it: the retrainer then measures its candidates
+    against that model instead of the prior, and replaces it only with better."""
+    if model is None or model.version == "prior":
+        return
+    try:
+        if client.get(CURRENT) is None:
+            publish(client, model, key, meta=dict(source="policy_model file"))
+            log.info("published the starting policy model %s as the live version", model.version)
+    except Exception as e:  # noqa: BLE001 - Redis away: serve with the file's model, learn later
+        log.warning("could not publish the starting policy model: %s", e)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 from opentelemetry import trace
 from opentelemetry.propagators.textmap import DefaultGetter
@@ -58,11 +59,22 @@ def extract_context(carrier: dict[str, str]):
     return _PROPAGATOR.extract(carrier, getter=DefaultGetter()) if carrier else None
 
 
+def prometheus_reader() -> tuple[object, Callable[[], bytes]]:
+    """A metric reader for the MeterProvider and a function rendering the
+    Prometheus text exposition (the HTTP API's /metrics)."""
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from prometheus_client import REGISTRY, generate_latest
+
+    return PrometheusMetricReader(), lambda: generate_latest(REGISTRY)
+
+
 class Instrumentation:
-    """Tracer and metric instruments of one gateway, built in main and passed in."""
+    """Tracer and metric instruments of one gateway, built in the composition
+    root and passed in. `sink`: the outcome sink, whose queue depth, writes,
+    drops and Redis state become metrics."""
 
     def __init__(self, tracer_provider: TracerProvider | None = None, meter_provider: MeterProvider | None = None,
-                 queue_depth: Callable[[], int] | None = None, dropped: Callable[[], int] | None = None):
+                 sink=None):
         self.tracer = (tracer_provider or trace.NoOpTracerProvider()).get_tracer("specgate.gateway")
         mp = meter_provider or MeterProvider()
         meter = mp.get_meter("specgate.gateway")
@@ -73,12 +85,15 @@ class Instrumentation:
         self.ttft = meter.create_histogram("gen_ai.server.time_to_first_token", unit="s")
         from opentelemetry.metrics import Observation
 
-        if queue_depth is not None:
-            meter.create_observable_gauge("specgate.telemetry.queue_depth",
-                                          callbacks=[lambda _o: [Observation(queue_depth())]])
-        if dropped is not None:
-            meter.create_observable_counter("specgate.telemetry.dropped",
-                                            callbacks=[lambda _o: [Observation(dropped())]])
+        if sink is not None:
+            meter.create_observable_gauge("specgate.telemetry.queue_depth", description="outcome records held",
+                                          callbacks=[lambda _o: [Observation(sink.depth)]])
+            meter.create_observable_counter("specgate.telemetry.written", description="outcome records written",
+                                            callbacks=[lambda _o: [Observation(sink.written)]])
+            meter.create_observable_counter("specgate.telemetry.dropped", description="outcome records dropped "
+                                            "past the bound", callbacks=[lambda _o: [Observation(sink.dropped)]])
+            meter.create_observable_gauge("specgate.telemetry.redis_up", description="1 while Redis takes writes",
+                                          callbacks=[lambda _o: [Observation(int(sink.redis_up))]])
 
 
 def decision_attributes(features, decision) -> dict:

@@ -8,32 +8,26 @@ logged propensities, and promotes it only if it is not worse.
 
 from __future__ import annotations
 
-import json
 import logging
+import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engines.api import ArmInfo
+import redis
+
+from engines.arms import ArmMenu
 from policy.model import PolicyModel, prior_model
-from policy.train import fit, offline_value
+from policy.train import TrainingRow, fit, offline_value
 from telemetry.artifacts import CURRENT, ArtifactError, load_verified, publish
 from telemetry.outcomes import STREAM
+from telemetry.record import OutcomeRecord, RecordError
+from telemetry.redis_server import Outage
 
 log = logging.getLogger(__name__)
 
 GROUP = "specgate-retrainer"
-
-
-def training_row(record: dict) -> dict | None:
-    """A stream record as policy.train expects it; None for records it cannot use."""
-    try:
-        res, dec = record["result"], record["decision"]
-        return dict(features=record["features"], arm=dec["arm"], propensity=float(dec.get("propensity") or 0),
-                    output_tokens=int(res["output_tokens"]), rounds=int(res["rounds"]),
-                    decode_s=float(res["decode_s"]), request_id=record["request_id"])
-    except (KeyError, TypeError, ValueError):
-        return None
 
 
 @dataclass
@@ -44,18 +38,27 @@ class Retrainer:
     window: int = 50_000
     every: int = 500
     min_rows: int = 200
-    arms: ArmInfo = field(default_factory=lambda: ArmInfo(("ngram", "selfspec"), 1, 8))
+    arms: ArmMenu = field(default_factory=lambda: ArmMenu(("ngram", "selfspec"), 1, 8))
+    before_retrain: Callable[[], None] | None = None  # e.g. refresh `arms` from the live engines
 
     def __post_init__(self):
-        self.rows: deque[dict] = deque(maxlen=self.window)
+        self.rows: deque[TrainingRow] = deque(maxlen=self.window)
+        self.unreadable = 0  # records skipped because this version cannot parse them
         self._seen: OrderedDict[str, None] = OrderedDict()  # request ids in the window (idempotence)
         self.new_since_fit = 0
         self.promoted: list[str] = []
+        self._group_ready = False
+
+    def _ensure_group(self) -> None:
+        """The consumer group, created on first use (and again after a Redis that lost its data)."""
+        if self._group_ready:
+            return
         try:
             self.client.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
-        except Exception as e:  # noqa: BLE001 - BUSYGROUP: it exists already
+        except redis.ResponseError as e:
             if "BUSYGROUP" not in str(e):
                 raise
+        self._group_ready = True
 
     def live_model(self) -> PolicyModel:
         current = self.client.get(CURRENT)
@@ -69,24 +72,32 @@ class Retrainer:
 
     def consume(self, block_ms: int = 1000, count: int = 1000) -> int:
         """Read pending-then-new records once; returns how many new rows were kept."""
+        self._ensure_group()
         kept = 0
         for start in ("0", ">"):  # our unacknowledged ones first (after a crash), then new ones
-            resp = self.client.xreadgroup(GROUP, self.consumer, {STREAM: start}, count=count,
-                                          block=None if start == "0" else block_ms)
+            try:
+                resp = self.client.xreadgroup(GROUP, self.consumer, {STREAM: start}, count=count,
+                                              block=None if start == "0" else block_ms)
+            except redis.ResponseError as e:
+                if "NOGROUP" in str(e):  # Redis came back empty: the group goes with the data
+                    self._group_ready = False
+                raise
             for _, entries in resp or []:
                 ids = []
                 for entry_id, fields in entries:
                     ids.append(entry_id)
-                    if not fields:
+                    if not fields or b"record" not in fields:
                         continue
                     try:
-                        record = json.loads(fields[b"record"])
-                    except (KeyError, ValueError):
+                        row = OutcomeRecord.from_json(fields[b"record"]).training_row()
+                    except RecordError as e:
+                        self.unreadable += 1
+                        if self.unreadable in (1, 10, 100) or self.unreadable % 1000 == 0:
+                            log.warning("skipping unreadable outcome records (%d so far): %s", self.unreadable, e)
                         continue
-                    row = training_row(record)
-                    if row is None or row["request_id"] in self._seen:
+                    if row is None or row.request_id in self._seen:
                         continue
-                    self._seen[row["request_id"]] = None
+                    self._seen[row.request_id] = None
                     if len(self._seen) > self.window:
                         self._seen.popitem(last=False)
                     self.rows.append(row)
@@ -103,6 +114,8 @@ class Retrainer:
         return self.retrain()
 
     def retrain(self) -> PolicyModel | None:
+        if self.before_retrain is not None:
+            self.before_retrain()
         rows = list(self.rows)
         t0 = time.perf_counter()
         candidate = fit(rows)
@@ -123,15 +136,25 @@ class Retrainer:
                  cand_score, live.version, f"{live_score:.3f}" if live_score is not None else "n/a")
         return candidate
 
-    def run(self, once: bool = False, interval_s: float | None = None) -> None:
-        """Serve forever (or one pass with once=True). interval_s: also retrain on a
-        schedule when new rows arrived, even fewer than `every`."""
+    def run(self, once: bool = False, interval_s: float | None = None, stop: threading.Event | None = None) -> None:
+        """Serve until `stop` is set (or one pass with once=True). interval_s: also
+        retrain on a schedule when new rows arrived, even fewer than `every`.
+        While Redis is away it waits and retries, logging the outage once."""
+        stop = stop or threading.Event()
         last = time.monotonic()
-        while True:
-            self.consume(block_ms=200 if once else 1000)
-            due = interval_s is not None and time.monotonic() - last >= interval_s and self.new_since_fit > 0
-            if once:
-                self.maybe_retrain(force=True)
-                return
-            if self.maybe_retrain(force=due):
-                last = time.monotonic()
+        outage = Outage("retrainer", log)
+        while not stop.is_set():
+            try:
+                self.consume(block_ms=200 if once else 500)
+                due = interval_s is not None and time.monotonic() - last >= interval_s and self.new_since_fit > 0
+                if once:
+                    self.maybe_retrain(force=True)
+                    return
+                if self.maybe_retrain(force=due):
+                    last = time.monotonic()
+                outage.over()
+            except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError, OSError) as e:
+                if once:
+                    raise
+                outage.begin(e)
+                stop.wait(outage.backoff())

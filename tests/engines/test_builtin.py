@@ -5,16 +5,15 @@ import time
 
 import pytest
 
-from engines.api import (
-    Arm, Cancelled, ChatMessage, GenerationRequest, InvalidRequest, Overloaded, SamplingParams,
-    TokenizerMismatch,
-)
+from engines.api import ChatMessage, GenerationRequest, SamplingParams
+from engines.arms import Arm
 from engines.builtin import BuiltinEngine
 from engines.config import EngineConfig, LayerDraftConfig, NgramDraftConfig
+from engines.errors import Cancelled, InvalidRequest, Overloaded, TokenizerMismatch
 from engines.llama import LlamaModel
 from engines.loading import check_tokenizers_match
 from engines.proposers import ModelDraftProposer, NgramProposer
-from tests.engines.tiny import WORDS, tiny_loaded, tiny_tokenizer
+from tests.helpers import WORDS, tiny_loaded, tiny_tokenizer
 
 CONFIG = EngineConfig(drafts=[NgramDraftConfig(), LayerDraftConfig(name="half", first_k=2)],
                       gamma_max=6, max_queue=4)
@@ -25,7 +24,8 @@ def engine():
     target = tiny_loaded(scale=4.0)
     sub = LlamaModel(target.model.cfg, target.model.weights, [0, 1])
     drafts = {"ngram": lambda cap: NgramProposer(1, 3), "half": lambda cap: ModelDraftProposer(sub, cap)}
-    eng = BuiltinEngine(target, drafts, CONFIG.model_copy(update={"target": CONFIG.target.model_copy(update={"max_context": 64})}))
+    config = CONFIG.model_copy(update={"target": CONFIG.target.model_copy(update={"max_context": 64})})
+    eng = BuiltinEngine(target, drafts, config)
     yield eng
     eng.close()
 
@@ -38,7 +38,7 @@ def req(arm="plain", prompt="hello world the cat", **sampling):
 def test_streamed_deltas_add_up_to_the_result(engine):
     h = engine.submit(req("ngram:4"))
     text = "".join(d.text for d in h)
-    res = h.result()
+    res = h.wait()
     assert text == res.text and res.stats.output_tokens == len(res.token_ids) > 0
     assert res.stats.arm == "ngram:4" and res.stats.finish_reason in ("length", "stop")
     assert res.stats.ttft_s > 0 and res.stats.total_s >= res.stats.ttft_s
@@ -59,8 +59,11 @@ def test_seeded_sampling_is_reproducible(engine):
     a = engine.generate(req("half:3", temperature=1.0, seed=11))
     b = engine.generate(req("half:3", temperature=1.0, seed=11))
     assert a.token_ids == b.token_ids and a.stats.seed == 11
-    unseeded = engine.generate(req("plain", temperature=1.0))
-    assert unseeded.stats.seed >= 0  # a fresh seed is drawn and reported
+    unseeded = [engine.generate(req("plain", temperature=1.0, max_tokens=20, ignore_eos=True)) for _ in range(3)]
+    assert len({r.stats.seed for r in unseeded}) == 3  # a fresh seed is drawn each time
+    for r in unseeded:  # and the reported seed reproduces the output
+        again = engine.generate(req("plain", temperature=1.0, max_tokens=20, ignore_eos=True, seed=r.stats.seed))
+        assert again.token_ids == r.token_ids
 
 
 def test_stop_string_ends_generation(engine):
@@ -82,7 +85,8 @@ def test_stop_string_ends_generation(engine):
     ("top_p", req(top_p=0)),
     ("top_k", req(top_k=-2)),
     ("arm.gamma", req("ngram:7")),
-    ("arm.gamma", req("ngram:0")),
+    ("arm.gamma", GenerationRequest(request_id="x", prompt="hi", arm=Arm("ngram", 0),
+                                    sampling=SamplingParams(max_tokens=4))),
     ("arm.draft", req("eagle:3")),
     ("messages[0].role", GenerationRequest(request_id="x", messages=(ChatMessage("wizard", "hi"),))),
     ("prompt", req(prompt=" ".join(["hello"] * 80))),  # no room left in the context
@@ -118,11 +122,11 @@ def test_cancel_while_queued_and_overload():
         queued[0].cancel()
         assert eng.load().waiting == 4 and eng.load().running == 1
         gate.set()
-        assert first.result(10).stats.output_tokens == 3
+        assert first.wait(10).stats.output_tokens == 3
         with pytest.raises(Cancelled):
-            queued[0].result(10)
+            queued[0].wait(10)
         for h in queued[1:]:
-            assert h.result(10).stats.output_tokens > 0
+            assert h.wait(10).stats.output_tokens > 0
     finally:
         gate.set()
         eng.close()
@@ -135,7 +139,7 @@ def test_cancel_while_running_stops_early():
         h = eng.submit(req(max_tokens=40, ignore_eos=True))
         for _ in h:
             h.cancel()
-        res = h.result(10)
+        res = h.wait(10)
         assert res.stats.finish_reason == "cancelled" and res.stats.output_tokens < 40
     finally:
         eng.close()
@@ -165,3 +169,31 @@ def test_tokenizer_mismatch_names_the_first_differing_token():
     with pytest.raises(TokenizerMismatch, match=r"token id 5 is 'w3' for the target and 'dog'"):
         check_tokenizers_match(tiny_tokenizer(), other, "d")
     check_tokenizers_match(tiny_tokenizer(), tiny_tokenizer(), "same")  # no error
+
+
+def test_async_consumers_see_the_same_stream(engine):
+    import asyncio
+
+    async def consume():
+        h = engine.submit(req("ngram:3"))
+        text = "".join([d.text async for d in h])
+        return text, await h.result(10)
+
+    text, res = asyncio.run(consume())
+    assert text == res.text and res.token_ids == engine.generate(req("ngram:3")).token_ids
+
+
+def test_async_result_honours_its_timeout():
+    import asyncio
+
+    from tests.helpers import slow_engine
+
+    eng = slow_engine(step_s=0.05)
+    try:
+        h = eng.submit(req("slow:1", prompt="hello world", max_tokens=80, ignore_eos=True))
+        with pytest.raises(TimeoutError):
+            asyncio.run(h.result(timeout=0.2))
+        assert h.cancelled  # a timed-out wait frees the slot
+        assert h.wait(10).stats.finish_reason == "cancelled"
+    finally:
+        eng.close()

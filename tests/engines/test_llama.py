@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from tests.engines.tiny import lean_from_hf, tiny_hf_model
+from tests.helpers import lean_from_hf, tiny_hf_model
 
 
 @pytest.mark.parametrize("model_type,kv_heads,n", [("llama", 2, 12), ("llama", 4, 12), ("qwen2", 2, 12),

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from engines.api import InvalidRequest, SamplingParams
+from engines.api import SamplingParams
+from engines.errors import InvalidRequest
 from engines.sampling import logits_to_probs, validate_sampling
 
 

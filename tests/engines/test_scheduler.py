@@ -2,44 +2,51 @@
 lossless property holds batched, admission is FIFO within the KV budget, long
 prefills are chunked, and forward_many equals separate forwards."""
 
-import threading
-
 import torch
 
-from engines.api import Arm, GenerationRequest, SamplingParams
-from engines.builtin import BuiltinEngine
+from engines.api import SamplingParams
+from engines.builtin import BuiltinEngine, BuiltinHandle
 from engines.config import EngineConfig, NgramDraftConfig, TargetConfig
 from engines.llama import LlamaModel
 from engines.proposers import ModelDraftProposer, NgramProposer
-from tests.engines.tiny import lean_from_hf, tiny_hf_model, tiny_loaded
+from engines.scheduler import Scheduler
+from tests.helpers import (
+    WORDS,
+    assert_follows,
+    exact_joint_of_first_tokens,
+    lean_from_hf,
+    run_together,
+    tiny_hf_model,
+    tiny_loaded,
+    token_request,
+)
 
 CONFIG = EngineConfig(target=TargetConfig(max_context=128), drafts=[NgramDraftConfig()], gamma_max=8,
                       max_queue=64, max_batch=16, prefill_chunk=16)
 
 
-def make_engine(config=CONFIG, start=False):
+def make_engine(config=CONFIG):
     target = tiny_loaded(scale=4.0)
     sub = LlamaModel(target.model.cfg, target.model.weights, [0, 1])
     drafts = {"ngram": lambda cap: NgramProposer(1, 3), "half": lambda cap: ModelDraftProposer(sub, cap)}
-    return BuiltinEngine(target, drafts, config, start_worker=start)
+    return BuiltinEngine(target, drafts, config, start_worker=False)
 
 
-def run_together(engine, requests):
-    """Submit all before the loop starts, so they share steps; then serve."""
-    handles = [engine.submit(r) for r in requests]
-    t = threading.Thread(target=engine.serve_forever, daemon=True)
-    t.start()
-    results = [h.result(60) for h in handles]
-    engine.close()
-    t.join(10)
-    return results
+def make_scheduler(config=CONFIG):
+    """A scheduler fed by hand, step by step (what the engine's loop does)."""
+    eng = make_engine(config)
+    sched = Scheduler(eng.model, eng.tokenizer, eng.eos_ids, eng.drafts, config.gamma_max, config.kv_budget_tokens,
+                      config.max_batch, config.prefill_chunk)
+    return eng, sched
 
 
-def req(i, ids, arm="plain", **sp):
-    return GenerationRequest(request_id=str(i), prompt_token_ids=tuple(ids), arm=Arm.parse(arm),
-                             sampling=SamplingParams(**{"max_tokens": 20, **sp}))
+def enqueue(eng, sched, request) -> BuiltinHandle:
+    handle = BuiltinHandle(request, list(request.prompt_token_ids))
+    sched.waiting.append(handle)
+    return handle
 
 
+req = token_request
 PROMPTS = [[5, 6, 7, 5, 6], [9, 3, 12, 30, 2, 2, 8, 9, 3, 12, 30, 2, 2, 8, 4, 4, 4, 4, 9, 10, 11, 12, 13],
            [20], list(range(2, 34)), [33, 34, 33, 34, 33], [3, 3, 3], [10, 11, 10, 11], [8, 9, 10, 11, 12, 13]]
 
@@ -78,54 +85,33 @@ def test_seeded_sampling_is_reproducible_regardless_of_neighbours():
 
 
 def test_batched_speculative_sampling_follows_the_target_distribution():
-    from scipy.stats import chisquare
-
-    from tests.engines.test_decode import exact_joint_of_first_tokens
-
-    hf = tiny_hf_model(vocab=10, seed=3, scale=1.5, layers=3)
-    target = lean_from_hf(hf)
+    target = lean_from_hf(tiny_hf_model(vocab=10, seed=3, scale=1.5, layers=3))
     sub = LlamaModel(target.cfg, target.weights, [0])
     from engines.loading import LoadedModel
-    from tests.engines.tiny import tiny_tokenizer
+    from tests.helpers import tiny_tokenizer
 
-    loaded = LoadedModel(target, tiny_tokenizer(["<unk>", "<eos>"] + [f"w{i}" for i in range(8)]), hf.config, "t")
+    hf_config = type("C", (), {"eos_token_id": 1})()
+    loaded = LoadedModel(target, tiny_tokenizer(WORDS[:10]), hf_config, "t")
     sp = SamplingParams(max_tokens=4, temperature=1.0, top_p=0.8, ignore_eos=True)
     prompt = [2, 3, 4, 2, 3, 4, 2]
     exact = exact_joint_of_first_tokens(target, prompt, sp, 4)
-    cfg = EngineConfig(target=TargetConfig(max_context=64), drafts=[], gamma_max=2, max_queue=4096,
-                       max_batch=64)
+    cfg = EngineConfig(target=TargetConfig(max_context=64), drafts=[], gamma_max=2, max_queue=4096, max_batch=64)
     eng = BuiltinEngine(loaded, {"half": lambda cap: ModelDraftProposer(sub, cap),
                                  "ngram": lambda cap: NgramProposer(1, 2)}, cfg, start_worker=False)
     trials = 1500
-    reqs = [GenerationRequest(request_id=str(s), prompt_token_ids=tuple(prompt), sampling=
-                              SamplingParams(**{**sp.__dict__, "seed": s}), arm=Arm("half" if s % 2 else "ngram", 2))
-            for s in range(trials)]
-    results = run_together(eng, reqs)
-    counts = {}
+    results = run_together(eng, [req(s, prompt, "half:2" if s % 2 else "ngram:2", **{**sp.__dict__, "seed": s})
+                                 for s in range(trials)])
+    counts: dict = {}
     for r in results:
         counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
-    assert set(counts) <= set(exact)
-    for pos in [(1, 2), (2, 3)]:
-        me, mo = {}, {}
-        for seq, pr in exact.items():
-            k = tuple(seq[i] for i in pos)
-            me[k] = me.get(k, 0) + pr
-            mo[k] = mo.get(k, 0) + counts.get(seq, 0)
-        big = [k for k in me if me[k] * trials >= 5]
-        rest = [k for k in me if me[k] * trials < 5]
-        obs = [mo[k] for k in big] + ([sum(mo[k] for k in rest)] if rest else [])
-        exp = [me[k] * trials for k in big] + ([sum(me[k] for k in rest) * trials] if rest else [])
-        assert chisquare(obs, exp, sum_check=False).pvalue > 1e-3
+    assert_follows(exact, counts, trials, "mixed batch")
 
 
 def test_admission_is_fifo_within_the_kv_budget():
     cfg = CONFIG.model_copy(update={"kv_budget_tokens": 80, "max_batch": 8})
-    eng = make_engine(cfg)
+    eng, sched = make_scheduler(cfg)
     # each reserves 5 + 20 + 8 + 1 = 34 positions: two fit, the third waits
-    handles = [eng.submit(req(i, PROMPTS[0], max_tokens=20, ignore_eos=True)) for i in range(5)]
-    sched = eng._sched
-    while not eng._queue.empty():
-        sched.waiting.append(eng._queue.get_nowait())
+    handles = [enqueue(eng, sched, req(i, PROMPTS[0], max_tokens=20, ignore_eos=True)) for i in range(5)]
     sched.admit()
     assert [r.handle.request_id for r in sched.running] == ["0", "1"] and len(sched.waiting) == 3
     assert sched.kv_used == 68 <= 80
@@ -133,20 +119,17 @@ def test_admission_is_fifo_within_the_kv_budget():
     while sched.running or sched.waiting:
         sched.step()
         sched.admit()
-        order += [h.request_id for h in handles if h._finished.is_set() and h.request_id not in order]
+        order += [h.request_id for h in handles if h.done and h.request_id not in order]
         assert sched.kv_used <= 80
     assert order == ["0", "1", "2", "3", "4"]
 
 
 def test_a_long_prefill_is_chunked_and_does_not_stall_running_decodes():
-    eng = make_engine(CONFIG.model_copy(update={"prefill_chunk": 8}))
-    sched = eng._sched
-    eng.submit(req(0, PROMPTS[0], max_tokens=30, ignore_eos=True))
-    sched.waiting.append(eng._queue.get_nowait())
+    eng, sched = make_scheduler(CONFIG.model_copy(update={"prefill_chunk": 8}))
+    enqueue(eng, sched, req(0, PROMPTS[0], max_tokens=30, ignore_eos=True))
     sched.admit()
     sched.step()  # short prefilled, first token out
-    eng.submit(req(1, list(range(2, 34)) * 2, max_tokens=3))  # 64 prompt tokens
-    sched.waiting.append(eng._queue.get_nowait())
+    enqueue(eng, sched, req(1, list(range(2, 34)) * 2, max_tokens=3))  # 64 prompt tokens
     sched.admit()
     for _ in range(4):  # 64 / 8 = 8 steps of prefill; the short one decodes at every one of them
         before = len(sched.running[0].out_ids)
@@ -156,14 +139,12 @@ def test_a_long_prefill_is_chunked_and_does_not_stall_running_decodes():
 
 
 def test_cancel_frees_the_slot_at_the_next_step():
-    eng = make_engine()
-    sched = eng._sched
-    h = eng.submit(req(0, PROMPTS[0], max_tokens=50, ignore_eos=True))
-    sched.waiting.append(eng._queue.get_nowait())
+    eng, sched = make_scheduler()
+    h = enqueue(eng, sched, req(0, PROMPTS[0], max_tokens=50, ignore_eos=True))
     sched.admit()
     sched.step()
     assert sched.kv_used > 0
     h.cancel()
     sched.step()
     assert not sched.running and sched.kv_used == 0
-    assert h.result(1).stats.finish_reason == "cancelled"
+    assert h.wait(1).stats.finish_reason == "cancelled"

@@ -4,7 +4,8 @@ except at a numerical near-tie, which the test must then demonstrate."""
 import pytest
 import torch
 
-from engines.api import Arm, ChatMessage, GenerationRequest, SamplingParams
+from engines.api import ChatMessage, GenerationRequest, SamplingParams
+from engines.arms import Arm
 from engines.builtin import BuiltinEngine
 from engines.config import EngineConfig
 from engines.text import encode_prompt

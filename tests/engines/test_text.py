@@ -1,5 +1,5 @@
 from engines.text import IncrementalText
-from tests.engines.tiny import WORDS, tiny_tokenizer
+from tests.helpers import WORDS, tiny_tokenizer
 
 
 def ids(text):

@@ -11,7 +11,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from gateway.config import AuthConfig
 from gateway.pb import specgate_pb2 as pb
-from tests.gateway.conftest import key, request, start_gateway, tiny_engine
+from tests.helpers import SLOW, key, request, slow_engine, start_gateway, tiny_engine, wait_idle
 
 
 def test_generate_returns_text_decision_stats_and_request_id(gw):
@@ -104,38 +104,6 @@ def test_each_bad_field_is_invalid_argument_naming_it(gw, field, req):
     assert e.value.details().startswith(field + ":"), e.value.details()
 
 
-def wait_idle(engine, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        l = engine.load()
-        if l.running == 0 and l.waiting == 0:
-            return True
-        time.sleep(0.02)
-    return False
-
-
-def slow_engine(step_s=0.02, **kw):
-    """A tiny engine whose every step takes step_s: requests last long enough to
-    cancel, time out or drain."""
-    from engines.proposers import NgramProposer
-
-    class Slow:
-        def propose(self, context, gamma, sampling, generator):
-            time.sleep(step_s)
-            return NgramProposer(1, 3).propose(context, gamma, sampling, generator)
-
-        def observe(self, n):
-            pass
-
-    from engines.config import EngineConfig, NgramDraftConfig, TargetConfig
-    cfg = EngineConfig(target=TargetConfig(max_context=96), drafts=[NgramDraftConfig(name="slow")], gamma_max=2,
-                       **kw)
-    return tiny_engine(cfg, slow=lambda cap: Slow())
-
-
-SLOW = dict(prompt="hello world", max_tokens=80, arm="slow:1", stop=["nevermatches"])
-
-
 def test_deadline_exceeded_and_the_slot_is_freed():
     g = start_gateway(slow_engine())
     try:
@@ -200,18 +168,10 @@ def test_auth_no_key_wrong_key_other_tenant_and_open_health():
 
 
 def test_without_keys_only_loopback_is_allowed():
-    from gateway.router import LocalEndpoint, Router
-    from gateway.server import GatewayDeps, create_server
-    from gateway.service import GatewayService, PolicyState
-    from gateway.interceptors import KeyStore
-    from tests.gateway.conftest import RULES
-
     eng = tiny_engine()
     try:
-        deps = GatewayDeps(GatewayService(Router([LocalEndpoint(eng)]), PolicyState(RULES)),
-                           KeyStore(AuthConfig(), env=""))
         with pytest.raises(ValueError, match="without API keys"):
-            create_server("0.0.0.0:0", deps)
+            start_gateway(eng, listen="0.0.0.0:0")
     finally:
         eng.close()
 
@@ -236,9 +196,7 @@ def test_concurrent_clients_all_get_their_answers(gw):
 
 
 def test_drain_finishes_in_flight_calls_and_refuses_new_ones():
-    from gateway.server import drain
-
-    g = start_gateway(slow_engine(), workers=8)
+    g = start_gateway(slow_engine())
     try:
         results, errors = [], []
 
@@ -252,14 +210,17 @@ def test_drain_finishes_in_flight_calls_and_refuses_new_ones():
         for t in threads:
             t.start()
         time.sleep(0.3)  # all three are in flight
-        stopped = drain(g.server, g.health, grace_s=20)
+        draining = threading.Thread(target=g.serving.stop, args=(20,))
+        draining.start()
+        time.sleep(0.2)
         with pytest.raises(grpc.RpcError) as e:  # new calls are refused
             g.stub.Generate(request(), timeout=5)
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE
         for t in threads:
             t.join(30)
         assert not errors and len(results) == 3 and all(r.usage.output_tokens == 15 for r in results)
-        assert stopped.wait(10)
+        draining.join(10)
+        assert not draining.is_alive()
     finally:
         g.engine.close()
         g.channel.close()

@@ -8,14 +8,10 @@ import sys
 
 import yaml
 
-from tests.gateway.test_remote import engine_config, free_port, wait_listening  # noqa: F401  (fixture)
-
-from tests.conftest import REPO
-
-CLI = [sys.executable, "-m", "gateway.cli"]
+from tests.helpers import CLI, REPO, free_port, wait_listening
 
 
-def test_serve_generate_decide_status_then_drain_on_sigterm(engine_config, tmp_path):  # noqa: F811
+def test_serve_generate_decide_status_then_drain_on_sigterm(engine_config, tmp_path):
     port = free_port()
     cfg = tmp_path / "gateway.yaml"
     cfg.write_text(yaml.safe_dump({"listen": f"127.0.0.1:{port}", "drain_grace_s": 5,
@@ -54,3 +50,23 @@ def test_rules_check_exit_codes(tmp_path):
     out = subprocess.run(CLI + ["rules", "check", str(REPO / "policy" / "default_rules.yaml")], capture_output=True,
                          text=True)
     assert out.returncode == 0 and "OK" in out.stdout
+
+
+def test_the_health_probe_imports_no_ml_stack():
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "gateway.cli",
+                          "health", "--help"], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0 and "--address" in out.stdout
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in out.stderr.splitlines() if "|" in line}
+    assert not imported & {"torch", "transformers", "sklearn", "scipy", "numpy"}, sorted(imported)
+
+
+def test_every_command_has_help(capsys):
+    import pytest
+
+    from gateway.cli import COMMANDS, build_parser
+
+    for name in COMMANDS:
+        with pytest.raises(SystemExit) as e:
+            build_parser([name, "--help"]).parse_args([name, "--help"])
+        out = capsys.readouterr().out
+        assert e.value.code == 0 and f"usage: specgate {name}" in out and len(out) > 200, name

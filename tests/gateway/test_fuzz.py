@@ -2,7 +2,8 @@
 a proper status (never INTERNAL) and the server stays up."""
 
 import grpc
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gateway.pb import specgate_pb2 as pb
 

@@ -2,33 +2,25 @@
 
 import http.client
 import json
-import threading
 
 import openai
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 
 from gateway.config import AuthConfig
-from gateway.http_api import create_http_server, prometheus_metrics
-from gateway.interceptors import KeyStore
-from gateway.router import LocalEndpoint, Router
-from gateway.service import GatewayService, PolicyState
-from telemetry.otel import Instrumentation
-from tests.gateway.conftest import RULES, key, tiny_engine
+from telemetry.otel import Instrumentation, prometheus_reader
+from tests.helpers import key, start_gateway
 
 
 @pytest.fixture(scope="module")
 def http_gw():
-    engine = tiny_engine()
-    reader, render = prometheus_metrics()
+    reader, render = prometheus_reader()
     instr = Instrumentation(meter_provider=MeterProvider(metric_readers=[reader]))
-    service = GatewayService(Router([LocalEndpoint(engine)]), PolicyState(RULES), instrumentation=instr)
-    keys = KeyStore(AuthConfig(keys=[key("acme", "sk-good"), key("reader", "sk-read", methods=["Decide"])]), env="")
-    httpd, port = create_http_server("127.0.0.1:0", service, keys, render)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield port
-    httpd.shutdown()
-    engine.close()
+    keys = AuthConfig(keys=[key("acme", "sk-good"), key("reader", "sk-read", methods=["Decide"]),
+                            key("unary", "sk-unary", methods=["Generate"])])
+    g = start_gateway(keys=keys, http=True, instrumentation=instr, metrics_text=render)
+    yield g.http_port
+    g.close()
 
 
 def client(port, api_key="sk-good"):
@@ -98,7 +90,7 @@ def raw(port, method, path, body=None, headers=None):
     r = conn.getresponse()
     data = r.read()
     conn.close()
-    return r.status, dict(r.getheaders()), data
+    return r.status, {k.lower(): v for k, v in r.getheaders()}, data
 
 
 def test_error_shape_over_raw_http(http_gw):
@@ -108,7 +100,7 @@ def test_error_shape_over_raw_http(http_gw):
         code, headers, data = raw(http_gw, "POST", "/v1/completions", body, auth)
         err = json.loads(data)["error"]
         assert code == status and set(err) == {"message", "type", "param", "code"} and err["message"]
-        assert headers["Content-Type"] == "application/json"
+        assert headers["content-type"] == "application/json"
     code, _, data = raw(http_gw, "POST", "/v1/completions", b"{}", {"Content-Type": "application/json"})
     assert code == 401 and json.loads(data)["error"]["code"] == "invalid_api_key"
     code, _, data = raw(http_gw, "GET", "/v2/nothing")
@@ -119,6 +111,6 @@ def test_models_and_metrics(http_gw):
     models = client(http_gw).models.list()
     assert [m.id for m in models.data] == ["specgate"]
     client(http_gw).completions.create(model="specgate", prompt="hello", max_tokens=2)
-    code, headers, data = raw(http_gw, "GET", "/metrics")
-    assert code == 200 and headers["Content-Type"].startswith("text/plain")
+    code, headers, data = raw(http_gw, "GET", "/metrics", headers={"Authorization": "Bearer sk-read"})
+    assert code == 200 and headers["content-type"].startswith("text/plain")
     assert b"specgate_requests" in data and b"specgate_decision_duration" in data

@@ -6,14 +6,10 @@ import subprocess
 import grpc
 import pytest
 
-from gateway.config import AuthConfig, TLSConfig
-from gateway.interceptors import KeyStore
+from gateway.config import TLSConfig
 from gateway.pb import specgate_pb2 as pb
 from gateway.pb import specgate_pb2_grpc as pb_grpc
-from gateway.router import LocalEndpoint, Router
-from gateway.server import GatewayDeps, create_server
-from gateway.service import GatewayService, PolicyState
-from tests.gateway.conftest import RULES, tiny_engine
+from tests.helpers import start_gateway
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 
@@ -37,11 +33,7 @@ def pki(tmp_path_factory):
 
 
 def serve(tls: TLSConfig):
-    engine = tiny_engine()
-    service = GatewayService(Router([LocalEndpoint(engine)]), PolicyState(RULES))
-    server, port, _ = create_server("127.0.0.1:0", GatewayDeps(service, KeyStore(AuthConfig(), env=""), tls=tls))
-    server.start()
-    return server, port, engine
+    return start_gateway(tls=tls)
 
 
 def call(port, creds):
@@ -50,20 +42,20 @@ def call(port, creds):
 
 
 def test_tls(pki):
-    server, port, engine = serve(TLSConfig(cert=str(pki / "server.pem"), key=str(pki / "server.key")))
+    g = serve(TLSConfig(cert=str(pki / "server.pem"), key=str(pki / "server.key")))
+    port = g.port
     try:
         ok = call(port, grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes()))
         assert ok.decision.arm
         with grpc.insecure_channel(f"localhost:{port}") as ch, pytest.raises(grpc.RpcError):
             pb_grpc.GatewayStub(ch).Decide(pb.GenerateRequest(prompt="hello"), timeout=3)
     finally:
-        server.stop(0)
-        engine.close()
+        g.close()
 
 
 def test_mutual_tls_requires_a_client_certificate(pki):
-    server, port, engine = serve(TLSConfig(cert=str(pki / "server.pem"), key=str(pki / "server.key"),
-                                           client_ca=str(pki / "ca.pem")))
+    g = serve(TLSConfig(cert=str(pki / "server.pem"), key=str(pki / "server.key"), client_ca=str(pki / "ca.pem")))
+    port = g.port
     try:
         ca = (pki / "ca.pem").read_bytes()
         with pytest.raises(grpc.RpcError):
@@ -72,5 +64,4 @@ def test_mutual_tls_requires_a_client_certificate(pki):
                                                      (pki / "client.pem").read_bytes()))
         assert ok.decision.arm
     finally:
-        server.stop(0)
-        engine.close()
+        g.close()

@@ -3,7 +3,11 @@ import json
 import pytest
 
 from policy.classifier import (
-    BUNDLED, CATEGORIES, SPECBENCH_TO_CATEGORY, CategoryClassifier, specbench_training_set,
+    BUNDLED,
+    CATEGORIES,
+    SPECBENCH_TO_CATEGORY,
+    CategoryClassifier,
+    specbench_training_set,
 )
 
 
@@ -24,10 +28,10 @@ def test_bundled_classifier_loads_and_classifies_obvious_prompts():
 def test_retraining_from_labelled_data_generalises(specbench_rows, tmp_path):
     # hold out every third row: trained on the rest, it must still label most correctly
     texts, labels = specbench_training_set(specbench_rows)
-    train = [(t, l) for i, (t, l) in enumerate(zip(texts, labels)) if i % 3]
-    test = [(t, l) for i, (t, l) in enumerate(zip(texts, labels)) if not i % 3]
-    clf = CategoryClassifier.train([t for t, _ in train], [l for _, l in train], folds=0)
-    acc = sum(clf.predict(t) == l for t, l in test) / len(test)
+    train = [(t, lab) for i, (t, lab) in enumerate(zip(texts, labels)) if i % 3]
+    test = [(t, lab) for i, (t, lab) in enumerate(zip(texts, labels)) if not i % 3]
+    clf = CategoryClassifier.train([t for t, _ in train], [lab for _, lab in train], folds=0)
+    acc = sum(clf.predict(t) == lab for t, lab in test) / len(test)
     assert acc >= 0.8
     path = tmp_path / "clf.json"
     clf.save(path)

@@ -2,15 +2,16 @@
 
 import random
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from engines.api import Arm, ArmInfo
+from engines.arms import Arm, ArmMenu
 from policy.decide import SOURCES, decide
 from policy.features import RequestFeatures
 from policy.model import prior_model
 from policy.rules import CATEGORIES, parse_rules
 
-ARMS = ArmInfo(("ngram", "selfspec"), 1, 8)
+ARMS = ArmMenu(("ngram", "selfspec"), 1, 8)
 
 features_st = st.builds(
     RequestFeatures,
@@ -120,3 +121,17 @@ def test_force_of_an_arm_no_engine_serves_falls_back_to_plain():
     rules = parse_rules("default: {force: 'eagle:3'}")
     d = decide(RequestFeatures("chat", 0, 1, 10, 100, 0.1), rules, None, random.Random(0), ARMS)
     assert d.arm.is_plain and d.source == "fallback" and "eagle:3" in d.reason
+
+
+def test_the_guard_counts_rounds_of_evidence_not_drafted_tokens():
+    """min_samples is rounds: three rounds at γ=8 (24 drafted tokens) are not
+    the 20 samples the guard asks for; twenty rounds are."""
+    rules = parse_rules("default: {explore: 0.0, guard: {min_acceptance: 0.5, min_samples: 20, reprobe: 0.0}}")
+    base = RequestFeatures(category="chat", temperature=0.0, top_p=1.0, prompt_tokens=50,
+                           expected_output_tokens=200, copy_signal=0.9)
+    few = decide(base.__class__(**{**base.__dict__, "rolling_acceptance": {"ngram": (0.1, 3.0)}}),
+                 rules, prior_model(), random.Random(0), ArmMenu(("ngram",), 1, 8))
+    many = decide(base.__class__(**{**base.__dict__, "rolling_acceptance": {"ngram": (0.1, 20.0)}}),
+                  rules, prior_model(), random.Random(0), ArmMenu(("ngram",), 1, 8))
+    assert "guard" not in few.reason
+    assert many.arm.is_plain and "guard" in many.reason

@@ -9,15 +9,18 @@ from tests.conftest import REPO
     ("rules: []", "missing 'default'"),
     ("- just\n- a list", "expected a mapping"),
     ("default: {}\nrules: [{name: a, when: {}, then: {}}", "not valid YAML"),
-    ("default: {}\nrules:\n  - name: a\n    then: {force: plain}\n    colour: red", "rule #1 'a': field colour: unknown key"),
+    ("default: {}\nrules:\n  - name: a\n    then: {force: plain}\n    colour: red",
+     "rule #1 'a': field colour: unknown key"),
     ("default: {}\nrules:\n  - name: hot\n    when: {temprature: {gt: 1}}\n    then: {force: plain}",
      "rule #1 'hot': field when.temprature: unknown key"),
     ("default: {}\nrules:\n  - name: c\n    when: {category: [poetry]}\n    then: {}", "unknown categories ['poetry']"),
-    ("default: {}\nrules:\n  - name: r\n    when: {load: {}}\n    then: {}", "field when.load: Value error, give at least one"),
+    ("default: {}\nrules:\n  - name: r\n    when: {load: {}}\n    then: {}",
+     "field when.load: Value error, give at least one"),
     ("default: {}\nrules:\n  - name: r\n    when: {load: {gt: 5, lt: 2}}\n    then: {}", "empty range"),
     ("default: {}\nrules:\n  - name: f\n    then: {force: 'ngram:x'}", "field then.force"),
     ("default: {}\nrules:\n  - name: f\n    then: {force: plain, explore: 0.1}", "force cannot be combined"),
-    ("default: {}\nrules:\n  - name: g\n    then: {gamma: {min: 5, max: 2}}", "field then.gamma: Value error, min (5) must be <= max (2)"),
+    ("default: {}\nrules:\n  - name: g\n    then: {gamma: {min: 5, max: 2}}",
+     "field then.gamma: Value error, min (5) must be <= max (2)"),
     ("default: {}\nrules:\n  - name: e\n    then: {explore: 1.5}", "field then.explore"),
     ("default: {}\nrules:\n  - name: g\n    then: {guard: {min_acceptance: 2}}", "field then.guard.min_acceptance"),
     ("default: {}\nrules:\n  - {name: a, then: {}}\n  - {name: a, then: {}}", "rule names must be unique: ['a']"),
@@ -62,7 +65,7 @@ def test_shipped_default_rules_are_valid():
 def test_a_running_gateway_reloads_valid_rules_and_keeps_the_old_on_an_invalid_file(tmp_path):
     import time
 
-    from gateway.service import PolicyState
+    from gateway.policy_state import PolicyState
 
     path = tmp_path / "rules.yaml"
     path.write_text("default: {explore: 0.0}\n")

@@ -1,67 +1,19 @@
 """Learning from synthetic telemetry whose best arm depends on category,
 temperature and load."""
 
+import dataclasses
 import random
 
 import numpy as np
 import pytest
 
-from engines.api import ArmInfo
 from policy.features import RequestFeatures
 from policy.model import PolicyModel, expected_tokens_per_round, prior_model
 from policy.train import alpha_from_tokens_per_round, fit, greedy_arm, offline_value
-
-ARMS = ArmInfo(("ngram", "draft"), 1, 8).all_arms()
-# true per-token acceptance at T = 0
-BASE_ALPHA = {
-    "ngram": {"summarization": 0.85, "rag": 0.75, "code": 0.45, "translation": 0.3, "chat": 0.1, "qa": 0.15, "math": 0.35},
-    "draft": {"summarization": 0.6, "rag": 0.55, "code": 0.75, "translation": 0.8, "chat": 0.6, "qa": 0.55, "math": 0.7},
-}
-COPY = {"summarization": 0.8, "rag": 0.7, "code": 0.3, "translation": 0.4, "chat": 0.1, "qa": 0.1, "math": 0.2}
-DRAFT_COST = {"ngram": 0.03, "draft": 0.25}  # plain steps per drafted token
-LOAD_COST = 0.02  # per drafted token per request in the engine
-
-
-def true_alpha(draft, f):
-    return BASE_ALPHA[draft][f.category] * (1 - 0.6 * min(f.temperature, 1.0))
-
-
-def true_cost(draft, gamma, load):
-    return 1 + DRAFT_COST[draft] * gamma + LOAD_COST * gamma * load
-
-
-def true_speedup(arm, f):
-    if arm.is_plain:
-        return 1.0
-    return expected_tokens_per_round(true_alpha(arm.draft, f), arm.gamma) / true_cost(arm.draft, arm.gamma, f.load)
-
-
-def context(rng):
-    cat = rng.choice(list(COPY))
-    return RequestFeatures(category=cat, temperature=rng.choice([0.0, 0.0, 0.7, 1.0]), top_p=1.0,
-                           prompt_tokens=rng.randint(20, 1500), expected_output_tokens=200,
-                           copy_signal=COPY[cat], running=1, waiting=rng.choice([0, 0, 1, 3, 7, 15, 31]))
-
-
-def simulate(n, seed):
-    """Uniformly random arms (propensity 1/|arms|), noisy outcomes."""
-    rng = random.Random(seed)
-    nrng = np.random.default_rng(seed)
-    rows = []
-    for _ in range(n):
-        f = context(rng)
-        arm = rng.choice(ARMS)
-        out = 200
-        step = 0.05 * (1 + 0.03 * f.load) * nrng.lognormal(0, 0.05)
-        if arm.is_plain:
-            rounds, secs = out - 1, (out - 1) * step
-        else:
-            tau = expected_tokens_per_round(true_alpha(arm.draft, f), arm.gamma) * nrng.lognormal(0, 0.08)
-            rounds = max(1, round((out - 1) / tau))
-            secs = rounds * true_cost(arm.draft, arm.gamma, f.load) * step
-        rows.append(dict(features=f.to_dict(), arm=arm.name, propensity=1 / len(ARMS),
-                         output_tokens=out, rounds=rounds, decode_s=secs))
-    return rows
+from tests.helpers import WORLD_ARMS as ARMS
+from tests.helpers import world_context as context
+from tests.helpers import world_outcomes as simulate
+from tests.helpers import world_speedup as true_speedup
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +65,7 @@ def test_model_roundtrips_through_json_and_refuses_garbage(trained):
 
 
 def test_drafts_with_too_little_telemetry_keep_the_prior():
-    rows = [r for r in simulate(400, seed=2) if not r["arm"].startswith("draft")][:200]
+    rows = [r for r in simulate(400, seed=2) if r.arm.draft != "draft"][:200]
     model = fit(rows)
     assert "draft" not in model.drafts
     f = context(random.Random(1))
@@ -123,10 +75,10 @@ def test_drafts_with_too_little_telemetry_keep_the_prior():
 def test_what_the_data_never_varied_keeps_the_prior():
     """Trained only on requests that ran alone, the model cannot learn what load
     costs; it must keep the prior's load penalty rather than assume none."""
-    rows = [r for r in simulate(3000, seed=5) if r["features"]["waiting"] == 0]
-    for k, r in enumerate(rows):  # alone, give or take the previous request finishing
-        r["features"]["running"] = k % 2
-        r["decode_s"] *= 1.0 - 0.1 * (k % 2)  # noise that would fit a negative load slope
+    rows = [r for r in simulate(3000, seed=5) if r.features.waiting == 0]
+    rows = [dataclasses.replace(r, features=dataclasses.replace(r.features, running=k % 2),  # alone, give or take
+                                decode_s=r.decode_s * (1.0 - 0.1 * (k % 2)))  # noise that fits a negative slope
+            for k, r in enumerate(rows)]
     model = fit(rows, version="alone")
     prior = prior_model()
     m, p = model.draft("ngram"), prior.draft("ngram")

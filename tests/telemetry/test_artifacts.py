@@ -4,7 +4,13 @@ import pytest
 
 from policy.model import PolicyModel, prior_draft
 from telemetry.artifacts import (
-    CURRENT, MODEL_KEY, ArtifactError, ModelWatcher, load_verified, publish, rollback,
+    CURRENT,
+    MODEL_KEY,
+    ArtifactError,
+    ModelWatcher,
+    load_verified,
+    publish,
+    rollback,
 )
 
 KEY = b"k" * 32
@@ -59,29 +65,26 @@ def test_rollback_returns_to_the_previous_version(rclient):
 def test_a_gateway_started_from_a_model_file_seeds_an_empty_registry(rclient, redis_server, tmp_path, monkeypatch):
     """The retrainer then judges candidates against that model, not the prior; a
     registry that already has a live model keeps it."""
+    from gateway.app import build_app
     from gateway.config import GatewayConfig
-    from gateway.server import build_gateway
     from policy.train import fit
     from telemetry.artifacts import CURRENT
-    from tests.policy.test_train import simulate
+    from tests.helpers import world_outcomes
 
     monkeypatch.setenv("SPECGATE_ARTIFACT_KEY", "k" * 32)
-    model = fit(simulate(400, seed=3), version="from-file")
+    model = fit(world_outcomes(400, seed=3), version="from-file")
     path = tmp_path / "policy.json"
     path.write_text(model.to_json())
     config = GatewayConfig.model_validate(dict(
         embedded_engine=False, remote_engines=[{"address": "127.0.0.1:1"}], policy_model=str(path),
         telemetry={"redis_url": redis_server.url}))
     for expected in ("from-file", "from-file"):  # a second start finds it live and leaves it
-        service, _, closers = build_gateway(config)
+        app = build_app(config)
         try:
             assert rclient.get(CURRENT).decode() == expected
-            assert service.policy.model.version == expected
+            assert app.service.policy.model.version == expected
         finally:
-            for close in reversed(closers):
-                close()
+            app.close()
     rclient.set(CURRENT, "something-newer")
-    service, _, closers = build_gateway(config)
-    for close in reversed(closers):
-        close()
+    build_app(config).close()
     assert rclient.get(CURRENT).decode() == "something-newer"

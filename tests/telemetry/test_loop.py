@@ -1,10 +1,10 @@
 """The whole loop on real parts: gateway -> Redis stream -> retrainer -> signed
 model -> the running gateway; and the spans each request leaves."""
 
+import gc
 import json
 import time
 
-import grpc
 import redis
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -12,48 +12,39 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from engines.api import ArmInfo
-from gateway.config import AuthConfig
-from gateway.interceptors import KeyStore
+from engines.api import GenerationStats
+from engines.arms import ArmMenu
 from gateway.pb import specgate_pb2 as pb
-from gateway.pb import specgate_pb2_grpc as pb_grpc
-from gateway.router import LocalEndpoint, Router
-from gateway.server import GatewayDeps, create_server
-from gateway.service import GatewayService, PolicyState
+from policy.decide import Decision
 from telemetry.artifacts import ModelWatcher
 from telemetry.otel import Instrumentation
 from telemetry.outcomes import STREAM, RedisOutcomeSink
+from telemetry.record import OutcomeRecord
 from telemetry.retrainer import Retrainer
-from tests.gateway.conftest import RULES, tiny_engine
-from tests.policy.test_train import simulate
+from tests.helpers import start_gateway, world_outcomes
 
 KEY = b"s" * 32
 
 
 def synthetic_records(n):
-    """Outcome records shaped as the gateway writes them, from the synthetic world."""
-    for i, row in enumerate(simulate(n, seed=4)):
-        arm = row["arm"]
-        yield {"schema": 1, "request_id": f"syn{i}", "tenant": "", "features": row["features"],
-               "decision": {"arm": arm, "draft": None if arm == "plain" else arm.split(":")[0],
-                            "propensity": row["propensity"]},
-               "engine": "sim", "result": {"output_tokens": row["output_tokens"], "rounds": row["rounds"],
-                                           "decode_s": row["decode_s"], "drafted": 0, "accepted": 0}}
+    """Outcome records as the gateway writes them, from the synthetic world."""
+    for i, row in enumerate(world_outcomes(n, seed=4)):
+        stats = GenerationStats(arm=row.arm.name, output_tokens=row.output_tokens, rounds=row.rounds,
+                                total_s=row.decode_s + 0.01, prefill_s=0.01)
+        decision = Decision(row.arm, "exploration", None, "prior", "r", {}, row.propensity)
+        yield OutcomeRecord.of(f"syn{i}", "", "sim", row.features, decision, stats, 0.01)
 
 
 def test_retrain_promote_and_the_running_gateway_serves_the_new_version(rclient, redis_server):
-    engine = tiny_engine()
     client = redis.Redis.from_url(redis_server.url)
-    policy = PolicyState(RULES)
     sink = RedisOutcomeSink(client)
+    g = start_gateway(sink=sink)
+    policy = g.service.policy
     watcher = ModelWatcher(client, KEY, policy.set_model, poll_s=0.5)
-    service = GatewayService(Router([LocalEndpoint(engine)]), policy, sink)
-    server, port, _ = create_server("127.0.0.1:0", GatewayDeps(service, KeyStore(AuthConfig(), env="")))
-    server.start()
-    stub = pb_grpc.GatewayStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+    stub = g.stub
     try:
         # real requests leave real records
-        for i in range(5):
+        for _ in range(5):
             assert stub.Generate(pb.GenerateRequest(prompt="hello world", max_tokens=3)).decision.policy_version \
                 == "prior"
         assert sink.flush(10) and client.xlen(STREAM) == 5
@@ -61,9 +52,9 @@ def test_retrain_promote_and_the_running_gateway_serves_the_new_version(rclient,
         assert rec["decision"]["policy_version"] == "prior" and rec["result"]["output_tokens"] == 3
         # plus a synthetic history rich enough to learn from
         for r in synthetic_records(3000):
-            client.xadd(STREAM, {"v": "1", "id": r["request_id"], "record": json.dumps(r)})
+            client.xadd(STREAM, {"v": "2", "id": r.request_id, "record": r.to_json()})
 
-        retrainer = Retrainer(client, KEY, arms=ArmInfo(("ngram", "draft"), 1, 8), every=100, min_rows=100)
+        retrainer = Retrainer(client, KEY, arms=ArmMenu(("ngram", "draft"), 1, 8), every=100, min_rows=100)
         while retrainer.consume(block_ms=100):
             pass
         assert len(retrainer.rows) == 3005
@@ -83,10 +74,9 @@ def test_retrain_promote_and_the_running_gateway_serves_the_new_version(rclient,
         again = Retrainer(client, KEY, consumer="retrainer-2")
         assert again.consume(block_ms=100) == 1  # only the request served after the swap
     finally:
-        server.stop(0)
+        g.close()
         watcher.close()
         sink.close()
-        engine.close()
 
 
 def test_spans_carry_decision_and_outcome_attributes_and_continue_the_callers_trace():
@@ -95,17 +85,18 @@ def test_spans_carry_decision_and_outcome_attributes_and_continue_the_callers_tr
     tp.add_span_processor(SimpleSpanProcessor(exporter))
     reader = InMemoryMetricReader()
     instr = Instrumentation(tp, MeterProvider(metric_readers=[reader]))
-    engine = tiny_engine()
-    service = GatewayService(Router([LocalEndpoint(engine)]), PolicyState(RULES), instrumentation=instr)
-    server, port, _ = create_server("127.0.0.1:0", GatewayDeps(service, KeyStore(AuthConfig(), env="")))
-    server.start()
+    g = start_gateway(instrumentation=instr)
     try:
-        stub = pb_grpc.GatewayStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+        stub = g.stub
         trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
-        resp = stub.Generate(pb.GenerateRequest(prompt="hello world the cat", max_tokens=6, temperature=0.3,
-                                                arm="ngram:3"),
-                             metadata=(("traceparent", f"00-{trace_id}-00f067aa0ba902b7-01"),))
-        spans = {s.name: s for s in exporter.get_finished_spans()}
+        gc.disable()  # the request's span must end when the call does, not when its generator is collected
+        try:
+            resp = stub.Generate(pb.GenerateRequest(prompt="hello world the cat", max_tokens=6, temperature=0.3,
+                                                    arm="ngram:3"),
+                                 metadata=(("traceparent", f"00-{trace_id}-00f067aa0ba902b7-01"),))
+            spans = {s.name: s for s in exporter.get_finished_spans()}
+        finally:
+            gc.enable()
         root = spans["specgate.generate_request"]
         assert format(root.context.trace_id, "032x") == trace_id  # continued, not a new trace
         assert format(root.parent.span_id, "016x") == "00f067aa0ba902b7"
@@ -127,5 +118,26 @@ def test_spans_carry_decision_and_outcome_attributes_and_continue_the_callers_tr
                  for m in sm.metrics}
         assert {"specgate.requests", "specgate.decision.duration", "specgate.output_tokens_per_s"} <= names
     finally:
-        server.stop(0)
-        engine.close()
+        g.close()
+
+
+def test_http_requests_continue_the_callers_trace_too():
+    import http.client
+
+    exporter = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(exporter))
+    g = start_gateway(instrumentation=Instrumentation(tp), http=True)
+    try:
+        trace_id = "0af7651916cd43dd8448eb211c80319c"
+        conn = http.client.HTTPConnection("127.0.0.1", g.http_port, timeout=30)
+        conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "hello world", "max_tokens": 3}),
+                     headers={"Content-Type": "application/json",
+                              "traceparent": f"00-{trace_id}-b7ad6b7169203331-01"})
+        assert conn.getresponse().status == 200
+        conn.close()
+        root = next(s for s in exporter.get_finished_spans() if s.name == "specgate.generate_request")
+        assert format(root.context.trace_id, "032x") == trace_id
+        assert format(root.parent.span_id, "016x") == "b7ad6b7169203331"
+    finally:
+        g.close()

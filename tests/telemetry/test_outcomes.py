@@ -3,15 +3,23 @@ import time
 
 import redis
 
-from gateway.service import Outcome
-from telemetry.outcomes import STREAM, RedisOutcomeSink, read_rolling_acceptance
+from engines.api import GenerationStats
+from engines.arms import Arm
+from policy.decide import Decision
+from policy.features import RequestFeatures
+from telemetry.acceptance import read_table
+from telemetry.outcomes import STREAM, RedisOutcomeSink
+from telemetry.record import OutcomeRecord
 
 
-def outcome(i, draft="ngram", cat="summarization", drafted=10, accepted=6):
-    return Outcome(request_id=f"r{i}", tenant="t", features={"category": cat, "temperature": 0.0},
-                   decision={"arm": f"{draft}:4", "draft": draft, "propensity": 0.9},
-                   engine="local", result={"output_tokens": 20, "rounds": 8, "drafted": drafted,
-                                           "accepted": accepted, "decode_s": 0.5})
+def outcome(i, draft="ngram", cat="summarization", drafted=10, accepted=6, tenant="t", source="policy",
+            classified=None):
+    f = RequestFeatures(category=cat, temperature=0.0, top_p=1.0, prompt_tokens=30, expected_output_tokens=20,
+                        copy_signal=0.5)
+    d = Decision(Arm(draft, 4), source, None, "prior", "r", {f"{draft}:4": 1.2}, 0.9)
+    st = GenerationStats(arm=f"{draft}:4", output_tokens=20, rounds=8, drafted_per_round=[drafted],
+                         accepted_per_round=[accepted], total_s=0.6, prefill_s=0.1)
+    return OutcomeRecord.of(f"r{i}", tenant, "local", f, d, st, 0.1, classified)
 
 
 def test_records_land_and_each_is_read_once_per_group(rclient):
@@ -22,7 +30,10 @@ def test_records_land_and_each_is_read_once_per_group(rclient):
     sink.close()
     assert rclient.xlen(STREAM) == 40
     first = json.loads(rclient.xrange(STREAM, count=1)[0][1][b"record"])
-    assert first["schema"] == 1 and first["request_id"] == "r0" and "prompt" not in first
+    assert first["schema"] == 2 and first["request_id"] == "r0" and "prompt" not in first
+    back = OutcomeRecord.from_json(rclient.xrange(STREAM, count=1)[0][1][b"record"])
+    assert back.decision.arm == Arm("ngram", 4) and back.result.drafted == 10 and back.features.category == \
+        "summarization"
     for group in ("g1", "g2"):
         rclient.xgroup_create(STREAM, group, id="0")
     seen = {"g1": [], "g2": []}
@@ -34,15 +45,35 @@ def test_records_land_and_each_is_read_once_per_group(rclient):
     assert sorted(seen["g1"]) == sorted(seen["g2"]) == sorted(f"r{i}" for i in range(40))  # once per group
 
 
-def test_rolling_acceptance_is_shared_through_redis(rclient):
+def test_rolling_acceptance_is_shared_through_redis_per_tenant_from_policy_choices(rclient):
     sink = RedisOutcomeSink(rclient, decay=1.0)
     for i in range(5):
         sink.emit(outcome(i, drafted=10, accepted=3))
     sink.emit(outcome(9, draft="selfspec", cat="code", drafted=4, accepted=4))
+    sink.emit(outcome(10, drafted=10, accepted=0, source="request"))  # a forced arm counts for nothing
+    sink.emit(outcome(11, drafted=10, accepted=0, tenant="other"))  # another tenant's tally
+    sink.emit(outcome(12, drafted=10, accepted=10, cat="summarization", classified="code"))  # hint disagreed
     sink.close()
-    table = read_rolling_acceptance(rclient)
-    assert table["summarization"]["ngram"] == (0.3, 50)
-    assert table["code"]["selfspec"] == (1.0, 4)
+    table = read_table(rclient)
+    assert table[("t", "summarization")]["ngram"] == (0.3, 40)  # (acceptance, rounds of evidence)
+    assert table[("t", "code")] == {"selfspec": (1.0, 8), "ngram": (1.0, 8)}
+    assert table[("other", "summarization")]["ngram"] == (0.0, 8)
+
+
+def test_records_of_schema_1_are_still_read():
+    old = {"schema": 1, "request_id": "o1", "tenant": "", "engine": "local",
+           "features": {"category": "qa", "temperature": 0.7, "top_p": 1.0, "prompt_tokens": 9,
+                        "expected_output_tokens": 64, "copy_signal": 0.1, "rolling_acceptance": {}},
+           "decision": {"arm": "ngram:3", "draft": "ngram", "source": "policy", "propensity": 0.5},
+           "result": {"output_tokens": 30, "rounds": 12, "decode_s": 0.9, "drafted": 20, "accepted": 9}}
+    row = OutcomeRecord.from_dict(old).training_row()
+    assert row.arm == Arm("ngram", 3) and row.rounds == 12 and row.propensity == 0.5
+    for bad in ({**old, "schema": 99}, {**old, "decision": {"arm": "ngram:²"}}, [], {"schema": 2}):
+        try:
+            OutcomeRecord.from_dict(bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"accepted {bad}")
 
 
 def test_redis_killed_mid_load_and_restarted_loses_nothing_within_the_bound(redis_server, rclient):

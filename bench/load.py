@@ -1,0 +1,151 @@
+"""Load benchmark: output tokens/s and per-request latency (p50/p99) of every arm
+at concurrency 1..32 on the built-in engine with continuous batching, closed
+loop (each client sends its next request when the previous one ends).
+
+Shows where speculation stops paying: at low load a step is bound by reading
+the weights and verifying a few extra tokens is nearly free; at high load the
+batch already saturates compute and verification competes for it.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+from bench import cpu_model
+from engines.api import ChatMessage, GenerationRequest, SamplingParams
+from engines.arms import Arm
+from engines.builtin import BuiltinEngine, drive_from_side_thread
+from engines.config import EngineConfig
+
+DEFAULT_ARMS = ("plain", "ngram:2", "ngram:4", "ngram:8", "selfspec:2")
+DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32)
+
+
+def load_prompts(path: Path, engine: BuiltinEngine, max_prompt_tokens: int) -> list[tuple[ChatMessage, ...]]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    out = []
+    for r in rows:
+        msgs = (ChatMessage("user", r["turns"][0]),)
+        if engine.count_tokens(r["turns"][0]) <= max_prompt_tokens:
+            out.append(msgs)
+    return out
+
+
+def run_level(engine: BuiltinEngine, prompts, arm: str, concurrency: int, per_client: int,
+              max_tokens: int, offset: int) -> dict:
+    lat, tokens, errors = [], [], []
+    lock = threading.Lock()
+
+    def client(c: int):
+        for j in range(per_client):
+            msgs = prompts[(offset + c * per_client + j) % len(prompts)]
+            t0 = time.perf_counter()
+            try:
+                res = engine.generate(GenerationRequest(request_id=f"{c}-{j}", messages=msgs, arm=Arm.parse(arm),
+                                                        sampling=SamplingParams(max_tokens=max_tokens)))
+            except Exception as e:  # noqa: BLE001 - reported, not fatal
+                errors.append(repr(e))
+                continue
+            with lock:
+                lat.append(time.perf_counter() - t0)
+                tokens.append(res.stats.output_tokens)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    lat.sort()
+    return dict(arm=arm, concurrency=concurrency, requests=len(lat), tokens=sum(tokens), wall_s=wall,
+                tok_s=sum(tokens) / wall, p50_s=statistics.median(lat) if lat else None,
+                p99_s=lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else None, errors=errors)
+
+
+def plot(results: list[dict], out: Path, arms) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    for arm in arms:
+        rs = [r for r in results if r["arm"] == arm]
+        xs = [r["concurrency"] for r in rs]
+        a1.plot(xs, [r["tok_s"] for r in rs], marker="o", label=arm)
+        a2.plot(xs, [r["p99_s"] for r in rs], marker="o", label=arm)
+    for ax, title in ((a1, "output tokens/s"), (a2, "p99 latency (s)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    a1.legend()
+    fig.suptitle("SmolLM2-135M, 2-core CPU, continuous batching")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def main(args) -> int:
+    config = EngineConfig(max_batch=max(args.levels), max_queue=4 * max(args.levels))
+    engine = BuiltinEngine.from_config(config, start_worker=False)
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    prompts = load_prompts(Path(args.data), engine, args.max_prompt_tokens)
+    log(f"machine: {cpu_model()}")
+    log(f"{len(prompts)} prompts of <= {args.max_prompt_tokens} tokens; kv budget {config.kv_budget_tokens} positions")
+
+    def drive():
+        results = []
+        for c in args.levels:
+            for arm in args.arms:  # arms interleaved per level: drift hits them alike
+                per_client = max(1, args.requests_per_level // c) if c < args.requests_per_level else 1
+                r = run_level(engine, prompts, arm, c, per_client, args.max_tokens, offset=c)
+                results.append(r)
+                log(f"c={c:<3} {arm:<11} {r['tok_s']:7.1f} tok/s  p50 {r['p50_s']:.2f} s  p99 {r['p99_s']:.2f} s"
+                    f"  ({r['requests']} requests{', errors: ' + str(len(r['errors'])) if r['errors'] else ''})")
+        return results
+
+    results = drive_from_side_thread(engine, drive)
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"machine: {cpu_model()}")
+    print("| concurrency | " + " | ".join(f"{a} tok/s (x plain) / p50 / p99 s" for a in args.arms) + " |")
+    print("|---" * (len(args.arms) + 1) + "|")
+    for c in args.levels:
+        row = {r["arm"]: r for r in results if r["concurrency"] == c}
+        plain = row[args.arms[0]]["tok_s"]
+        cells = [f"{row[a]['tok_s']:.1f} ({row[a]['tok_s'] / plain:.2f}) / {row[a]['p50_s']:.1f} / "
+                 f"{row[a]['p99_s']:.1f}"
+                 for a in args.arms]
+        print(f"| {c} | " + " | ".join(cells) + " |")
+    base = {r["concurrency"]: r["tok_s"] for r in results if r["arm"] == args.arms[0]}
+    for arm in args.arms[1:]:
+        wins = [r["concurrency"] for r in results if r["arm"] == arm and r["tok_s"] > base[r["concurrency"]]]
+        loses = [r["concurrency"] for r in results if r["arm"] == arm and r["tok_s"] <= base[r["concurrency"]]]
+        print(f"{arm}: faster than plain at concurrency {wins or 'none'}; not at {loses or 'none'}")
+    if 1 in base and 8 in base:
+        print(f"plain throughput, concurrency 8 / 1: {base[8] / base[1]:.2f}x")
+    print(f"peak RSS {peak_rss_mb:.0f} MB (weights, caches and all); KV budget {config.kv_budget_tokens} positions")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(dict(results=results, peak_rss_mb=peak_rss_mb), indent=1))
+        plot(results, Path(args.out).with_suffix(".png"), args.arms)
+        print(f"wrote {args.out} and {Path(args.out).with_suffix('.png')}")
+    return 0
+
+
+def add_arguments(p) -> None:
+    from bench import default_data_path
+
+    p.add_argument("--data", default=str(default_data_path()), help="Spec-Bench JSONL (default: %(default)s)")
+    p.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS), help="arms; the first is the baseline")
+    p.add_argument("--levels", nargs="+", type=int, default=list(DEFAULT_LEVELS), help="concurrency levels")
+    p.add_argument("--requests-per-level", type=int, default=4, help="requests per level at least (default: 4)")
+    p.add_argument("--max-tokens", type=int, default=48, help="tokens per request (default: %(default)s)")
+    p.add_argument("--max-prompt-tokens", type=int, default=160, help="skip longer prompts (default: %(default)s)")
+    p.add_argument("--out", help="JSON results; a PNG plot is written beside it")

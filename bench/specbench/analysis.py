@@ -1,0 +1,191 @@
+"""The bench's arithmetic, pure: measurements in, figures out.
+
+Speed is output tokens per second of request time: at temperature > 0 the arms
+sample different continuations of different lengths, so totals are compared
+per token (at temperature 0 outputs are identical and this equals the ratio of
+total times). The oracle serves each request with the fixed arm that was
+fastest per token for it in this run.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from bench.specbench.runner import ADAPTIVE
+
+
+def ok(m: dict) -> bool:
+    return "error" not in m and m.get("output_tokens", 0) > 0
+
+
+def s_per_token(m: dict) -> float:
+    return m["latency_s"] / m["output_tokens"]
+
+
+def pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def totals(ms: list[dict], wall_s: float | None = None) -> dict:
+    """Tokens, time and latency percentiles of some measurements. `wall_s`: the
+    elapsed time of a concurrent run (else the sum of request times)."""
+    good = [m for m in ms if ok(m)]
+    tokens = sum(m["output_tokens"] for m in good)
+    seconds = wall_s if wall_s is not None else sum(m["latency_s"] for m in good)
+    lat = [m["latency_s"] for m in good]
+    return dict(requests=len(ms), errors=len(ms) - len(good), tokens=tokens, seconds=round(seconds, 4),
+                tok_s=tokens / seconds if seconds > 0 else 0.0,
+                p50_s=round(pct(lat, 0.5), 4), p99_s=round(pct(lat, 0.99), 4))
+
+
+def oracle_picks(ms: list[dict], fixed: list[str]) -> dict[tuple[int, int], dict]:
+    """(idx, repeat) -> the fixed-arm measurement fastest per token for it."""
+    best: dict[tuple[int, int], dict] = {}
+    for m in ms:
+        if m["mode"] in fixed and ok(m):
+            k = (m["idx"], m.get("repeat", 0))
+            if k not in best or s_per_token(m) < s_per_token(best[k]):
+                best[k] = m
+    return best
+
+
+def compare(ms: list[dict], modes: list[str]) -> dict:
+    """Concurrency 1: every mode's totals, the oracle's, and the ratios the
+    targets are stated in."""
+    fixed = [m for m in modes if m != ADAPTIVE]
+    by_mode = {mode: totals([m for m in ms if m["mode"] == mode]) for mode in modes}
+    picks = oracle_picks(ms, fixed)
+    by_mode["oracle"] = totals(list(picks.values()))
+    plain = by_mode.get("plain", {}).get("tok_s") or 0.0
+    for t in by_mode.values():
+        t["vs_plain"] = round(t["tok_s"] / plain, 4) if plain else None
+    out = dict(modes=by_mode, oracle_arms=dict(Counter(m["mode"] for m in picks.values()).most_common()))
+    if fixed:
+        best = max(fixed, key=lambda mode: by_mode[mode]["tok_s"])
+        out["best_fixed"] = best
+        if ADAPTIVE in by_mode and by_mode[best]["tok_s"]:
+            a = by_mode[ADAPTIVE]["tok_s"]
+            out["adaptive_vs_best_fixed"] = round(a / by_mode[best]["tok_s"], 4)
+            out["adaptive_vs_oracle"] = round(a / by_mode["oracle"]["tok_s"], 4) if by_mode["oracle"]["tok_s"] else None
+            out["adaptive_arms"] = dict(Counter(m.get("arm") for m in ms if m["mode"] == ADAPTIVE and ok(m))
+                                        .most_common())
+    return out
+
+
+def by_category(ms: list[dict], modes: list[str]) -> dict[str, dict]:
+    cats = sorted({m["category"] for m in ms})
+    return {c: compare([m for m in ms if m["category"] == c], modes) for c in cats}
+
+
+def by_temperature(ms: list[dict], modes: list[str]) -> dict[str, dict]:
+    temps = sorted({m["temperature"] for m in ms})
+    return {f"{t:g}": compare([m for m in ms if m["temperature"] == t], modes) for t in temps}
+
+
+def concurrency_table(runs: list[dict]) -> dict[str, dict[str, dict]]:
+    """runs: [{concurrency, mode, wall_s, measurements}] (repeats summed)
+    -> {concurrency: {mode: totals + vs_plain}}."""
+    grouped: dict[int, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for run in runs:
+        grouped[run["concurrency"]][run["mode"]].append(run)
+    out: dict[str, dict[str, dict]] = {}
+    for c, modes in sorted(grouped.items()):
+        row = {}
+        for mode, rs in modes.items():
+            row[mode] = totals([m for r in rs for m in r["measurements"]], wall_s=sum(r["wall_s"] for r in rs))
+        plain = row.get("plain", {}).get("tok_s")
+        for t in row.values():
+            t["vs_plain"] = round(t["tok_s"] / plain, 4) if plain else None
+        out[str(c)] = row
+    return out
+
+
+def greedy_mismatches(ms: list[dict]) -> list[dict]:
+    """Temperature-0 requests whose outputs differ between modes (at one
+    concurrency level and repeat). Lossless decoding makes this empty."""
+    groups: dict[tuple, dict[str, str]] = defaultdict(dict)
+    for m in ms:
+        if m["temperature"] == 0 and ok(m):
+            groups[(m["concurrency"], m["idx"], m.get("repeat", 0))][m["mode"]] = m["text_sha"]
+    bad = []
+    for (c, idx, rep), shas in sorted(groups.items()):
+        if len(set(shas.values())) > 1:
+            bad.append(dict(concurrency=c, idx=idx, repeat=rep, outputs=shas))
+    return bad
+
+
+def acceptance(ms: list[dict]) -> dict[str, dict[str, dict]]:
+    """Acceptance (accepted / drafted) by category and temperature, per draft,
+    over speculative fixed-arm requests."""
+    acc: dict[str, dict[str, dict[str, list[int]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(
+        lambda: [0, 0])))
+    for m in ms:
+        if ok(m) and m["mode"] not in ("plain", ADAPTIVE) and m.get("drafted"):
+            draft = m["mode"].split(":")[0]
+            cell = acc[draft][m["category"]][f"{m['temperature']:g}"]
+            cell[0] += m["accepted"]
+            cell[1] += m["drafted"]
+    return {d: {c: {t: round(a / n, 4) for t, (a, n) in temps.items()} for c, temps in cats.items()}
+            for d, cats in acc.items()}
+
+
+def per_request_rates(ms: list[dict], fixed: list[str]) -> tuple[dict[int, float], dict[int, float]]:
+    """Per workload item: the oracle's and plain's seconds per token (mean over repeats)."""
+    picks = oracle_picks(ms, fixed)
+    o, p = defaultdict(list), defaultdict(list)
+    for (idx, _), m in picks.items():
+        o[idx].append(s_per_token(m))
+    for m in ms:
+        if m["mode"] == "plain" and ok(m):
+            p[m["idx"]].append(s_per_token(m))
+    mean = lambda d: {k: sum(v) / len(v) for k, v in d.items()}  # noqa: E731
+    return mean(o), mean(p)
+
+
+def learning_curve(stream: list[dict], oracle_spt: dict[int, float], plain_spt: dict[int, float],
+                   window: int) -> dict:
+    """Rolling speed of the adaptive stream relative to the oracle and to plain:
+    Σ tokens x reference s/token / Σ actual seconds over the last `window`
+    requests served."""
+    served, vs_oracle, vs_plain = [], [], []
+    for k in range(len(stream)):
+        win = [m for m in stream[max(0, k + 1 - window):k + 1] if ok(m) and m["idx"] in oracle_spt]
+        actual = sum(m["latency_s"] for m in win)
+        if not win or actual <= 0:
+            continue
+        served.append(k + 1)
+        vs_oracle.append(round(sum(m["output_tokens"] * oracle_spt[m["idx"]] for m in win) / actual, 4))
+        vs_plain.append(round(sum(m["output_tokens"] * plain_spt.get(m["idx"], 0) for m in win) / actual, 4))
+    reached = next((n for n, v in zip(served, vs_oracle) if n >= window and v >= 0.9), None)
+    return dict(window=window, served=served, vs_oracle=vs_oracle, vs_plain=vs_plain, reached_0_9_at=reached,
+                final_vs_oracle=vs_oracle[-1] if vs_oracle else None,
+                final_vs_plain=vs_plain[-1] if vs_plain else None,
+                arms=[m.get("arm") for m in stream], policy_versions=[m.get("policy_version") for m in stream])
+
+
+def targets(c1: dict | None, conc: dict[str, dict[str, dict]], curve: dict | None, high_c: int) -> list[dict]:
+    """The issue's targets, each with what was measured and whether it holds."""
+    out = []
+    if c1 and "adaptive_vs_best_fixed" in c1:
+        out.append(dict(target=f"c=1: adaptive ≥ 1.15x the best fixed arm ({c1['best_fixed']})",
+                        measured=c1["adaptive_vs_best_fixed"], ok=c1["adaptive_vs_best_fixed"] >= 1.15))
+        v = c1.get("adaptive_vs_oracle")
+        out.append(dict(target="c=1: adaptive ≥ 0.9x the oracle", measured=v, ok=v is not None and v >= 0.9))
+    row = conc.get(str(high_c))
+    if row and ADAPTIVE in row and "plain" in row:
+        a = row[ADAPTIVE]["tok_s"]
+        out.append(dict(target=f"c={high_c}: adaptive never slower than plain", measured=row[ADAPTIVE]["vs_plain"],
+                        ok=a >= row["plain"]["tok_s"]))
+        spec = {m: t["tok_s"] for m, t in row.items() if m not in ("plain", ADAPTIVE)}
+        if spec:
+            best = max(spec, key=spec.get)
+            out.append(dict(target=f"c={high_c}: adaptive faster than every fixed speculative arm (best: {best})",
+                            measured=round(a / spec[best], 4) if spec[best] else None, ok=a > spec[best]))
+    if curve and curve.get("served"):
+        n = curve["reached_0_9_at"]
+        out.append(dict(target="learning curve: cold start reaches 0.9x oracle within a few hundred requests",
+                        measured=n, ok=n is not None and n <= 500))
+    return out

@@ -1,0 +1,155 @@
+"""What an arm is, in one place.
+
+An *arm* is a way to decode a request: plain decoding, or speculative decoding
+with a named draft and γ, the most tokens drafted per round (the engine may
+draft fewer in a round; see engines/budget.py). A *menu* is the set of arms an
+engine or a fleet serves. Every parser of arm text and every "is this arm
+served" check lives here, so clients get the same error whatever path a
+request took.
+
+    plain            plain decoding
+    DRAFT:G          draft DRAFT, at most G tokens per round (e.g. ngram:4)
+    DRAFT:LO-HI      in configs and CLI menus: every γ from LO to HI
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from engines.errors import InvalidRequest
+
+PLAIN = "plain"
+MAX_GAMMA = 64
+_NAME = r"[A-Za-z0-9_.-]{1,64}"
+_ARM = re.compile(rf"({_NAME}):([0-9]{{1,3}})")  # ASCII digits only: str.isdigit() accepts '²'
+_RANGE = re.compile(rf"({_NAME}):([0-9]{{1,3}})-([0-9]{{1,3}})")
+DRAFT_NAME = re.compile(_NAME)
+
+
+@dataclass(frozen=True, order=True)
+class Arm:
+    """`draft=None` is plain decoding, else (draft, γ)."""
+
+    draft: str | None = None
+    gamma: int = 0
+
+    @property
+    def is_plain(self) -> bool:
+        return self.draft is None
+
+    @property
+    def name(self) -> str:
+        return PLAIN if self.draft is None else f"{self.draft}:{self.gamma}"
+
+    def __str__(self) -> str:
+        return self.name
+
+    @staticmethod
+    def parse(text: str, field: str = "arm") -> Arm:
+        """`plain` or `DRAFT:GAMMA` with 1 <= GAMMA <= 64; InvalidRequest(field) otherwise."""
+        if not isinstance(text, str):
+            raise InvalidRequest(field, f"expected 'plain' or 'DRAFT:GAMMA', got {type(text).__name__}")
+        t = text.strip()
+        if t == PLAIN:
+            return Arm()
+        m = _ARM.fullmatch(t)
+        if m is None:
+            raise InvalidRequest(field, f"expected 'plain' or 'DRAFT:GAMMA' (e.g. ngram:4), got {text[:80]!r}")
+        gamma = int(m.group(2))
+        if not 1 <= gamma <= MAX_GAMMA:
+            raise InvalidRequest(field, f"γ must be in [1, {MAX_GAMMA}], got {gamma}")
+        return Arm(m.group(1), gamma)
+
+
+def parse_arm_specs(specs: Iterable[str], ranges: bool = True) -> frozenset[Arm]:
+    """Config entries: 'plain', 'DRAFT:G', or (with `ranges`) 'DRAFT:LO-HI'.
+    Raises ValueError naming the offending entry."""
+    out: set[Arm] = set()
+    for spec in specs:
+        m = _RANGE.fullmatch(spec.strip()) if isinstance(spec, str) else None
+        if m is not None:
+            lo, hi = int(m.group(2)), int(m.group(3))
+            if not 1 <= lo <= hi <= MAX_GAMMA:
+                raise ValueError(f"arm {spec!r}: expected DRAFT:LO-HI with 1 <= LO <= HI <= {MAX_GAMMA}")
+            if not ranges and lo != hi:
+                raise ValueError(f"arm {spec!r}: a γ range needs gamma_field (a server that takes γ per request)")
+            out.update(Arm(m.group(1), g) for g in range(lo, hi + 1))
+            continue
+        try:
+            out.add(Arm.parse(spec))
+        except InvalidRequest as e:
+            raise ValueError(f"arm {spec!r}: {e.message}") from None
+    return frozenset(out)
+
+
+@dataclass(frozen=True)
+class ArmMenu:
+    """Arms served: plain plus every draft at every γ in [gamma_min, gamma_max],
+    or, with `only`, exactly the listed arms (servers configured per arm, e.g. a
+    vLLM with K=4; plain included only if listed)."""
+
+    drafts: tuple[str, ...]
+    gamma_min: int = 1
+    gamma_max: int = 1
+    only: frozenset[Arm] | None = None
+
+    def allows(self, arm: Arm) -> bool:
+        if self.only is not None:
+            return arm in self.only
+        return arm.is_plain or (arm.draft in self.drafts and self.gamma_min <= arm.gamma <= self.gamma_max)
+
+    def check(self, arm: Arm) -> None:
+        """Raise the InvalidRequest a client sees for an arm this menu does not serve."""
+        if self.allows(arm):
+            return
+        if self.only is not None:  # an explicit menu says it best
+            raise InvalidRequest("arm", f"no engine serves {arm.name}; served: {[a.name for a in self.all_arms()]}")
+        if arm.draft not in self.drafts:
+            raise InvalidRequest("arm.draft", f"no engine serves draft {arm.draft!r}; served: {list(self.drafts)}")
+        raise InvalidRequest("arm.gamma", f"must be in [{self.gamma_min}, {self.gamma_max}], got {arm.gamma}")
+
+    def all_arms(self) -> list[Arm]:
+        """Plain first (when served), then by draft and γ."""
+        if self.only is not None:
+            return sorted(self.only, key=lambda a: (not a.is_plain, a.draft or "", a.gamma))
+        return [Arm()] + [Arm(d, g) for d in self.drafts for g in range(self.gamma_min, self.gamma_max + 1)]
+
+    @staticmethod
+    def of(arms: Iterable[Arm]) -> ArmMenu:
+        """The menu of exactly these arms."""
+        arms = frozenset(arms)
+        spec = [a for a in arms if not a.is_plain]
+        return ArmMenu(tuple(sorted({a.draft for a in spec})), min((a.gamma for a in spec), default=1),
+                       max((a.gamma for a in spec), default=1), arms)
+
+    @staticmethod
+    def union(menus: list[ArmMenu]) -> ArmMenu:
+        """Everything any of `menus` serves."""
+        if not menus:
+            return NOTHING
+        if any(m.only is not None for m in menus):
+            return ArmMenu.of(a for m in menus for a in m.all_arms())
+        return ArmMenu(tuple(sorted({d for m in menus for d in m.drafts})), min(m.gamma_min for m in menus),
+                       max(m.gamma_max for m in menus))
+
+    @staticmethod
+    def parse(spec: str) -> ArmMenu:
+        """A menu on the command line: 'ngram,selfspec:1-8' (every draft at every γ
+        in the range) or 'plain,ngram:4,draft:5' (exactly those arms)."""
+        entries = [e.strip() for e in spec.split(",") if e.strip()]
+        if entries and all(e == PLAIN or _ARM.fullmatch(e) for e in entries):
+            return ArmMenu.of([Arm()] + [Arm.parse(e) for e in entries])
+        names, _, rng = spec.partition(":")
+        drafts = tuple(n.strip() for n in names.split(",") if n.strip())
+        m = re.fullmatch(r"([0-9]{1,2})(?:-([0-9]{1,2}))?", rng or "1-8")
+        if not drafts or m is None or any(not DRAFT_NAME.fullmatch(d) for d in drafts):
+            raise ValueError(f"arms {spec!r}: expected 'DRAFT,DRAFT:LO-HI' or 'plain,DRAFT:G,...'")
+        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        if not 1 <= lo <= hi <= MAX_GAMMA:
+            raise ValueError(f"arms {spec!r}: γ range must satisfy 1 <= LO <= HI <= {MAX_GAMMA}")
+        return ArmMenu(drafts, lo, hi)
+
+
+NOTHING = ArmMenu((), 1, 1, frozenset())

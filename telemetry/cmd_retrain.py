@@ -1,0 +1,73 @@
+"""Learn policy models from the outcome stream and promote the better ones.
+
+Reads the stream through a consumer group (several retrainers split it), keeps a
+window of recent outcomes, refits every N new ones, scores the candidate against
+the live model offline, and publishes it, signed with $SPECGATE_ARTIFACT_KEY,
+only if it is not worse. Gateways sharing that key and Redis swap to it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+log = logging.getLogger("specgate")
+
+
+def add_arguments(r) -> None:
+    r.add_argument("--redis", default=os.environ.get("SPECGATE_REDIS_URL"),
+                   help="redis://[:PASSWORD@]HOST:PORT/DB (default: $SPECGATE_REDIS_URL; the password may come "
+                        "from $SPECGATE_REDIS_PASSWORD)")
+    r.add_argument("--once", action="store_true", help="read what is there, retrain once, exit")
+    r.add_argument("--every", type=int, default=500, help="retrain after this many new outcomes (default: %(default)s)")
+    r.add_argument("--interval", type=float, help="also retrain every this many seconds when anything is new")
+    r.add_argument("--window", type=int, default=50_000, help="outcomes kept for training (default: %(default)s)")
+    r.add_argument("--min-rows", type=int, default=200,
+                   help="outcomes needed before the first retraining (default: %(default)s)")
+    r.add_argument("--arms", default="ngram,selfspec:1-8", help="arms the engines serve (default: %(default)s)")
+
+
+def artifact_key() -> bytes | None:
+    key = os.environ.get("SPECGATE_ARTIFACT_KEY", "").encode()
+    if not key:
+        print("error: set SPECGATE_ARTIFACT_KEY (the HMAC key gateways verify policy models with)", file=sys.stderr)
+        return None
+    return key
+
+
+def redis_client(url: str | None):
+    if not url:
+        print("error: give --redis or set SPECGATE_REDIS_URL", file=sys.stderr)
+        return None
+    import redis
+
+    from telemetry.runtime import with_password
+
+    return redis.Redis.from_url(with_password(url, "SPECGATE_REDIS_PASSWORD"), socket_timeout=10,
+                                socket_connect_timeout=5)
+
+
+def main(args) -> int:
+    from engines.arms import ArmMenu
+    from telemetry.retrainer import Retrainer
+
+    key, client = artifact_key(), redis_client(args.redis)
+    if key is None or client is None:
+        return 2
+    try:
+        menu = ArmMenu.parse(args.arms)
+    except ValueError as e:
+        print(f"error: --arms: {e}", file=sys.stderr)
+        return 2
+    r = Retrainer(client, key, window=args.window, every=args.every, min_rows=args.min_rows, arms=menu)
+    log.info("retrainer: every %d outcomes, window %d", args.every, args.window)
+    try:
+        r.run(once=args.once, interval_s=args.interval)
+    except KeyboardInterrupt:
+        return 0
+    except Exception as e:  # noqa: BLE001 - --once against an unreachable Redis: say so, no traceback
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    if args.once:
+        print(f"{len(r.rows)} outcomes; promoted: {r.promoted or 'none'}")
+    return 0

@@ -1,0 +1,144 @@
+"""`specgate bench`: the workload, the arithmetic (oracle, ratios, identity
+check, learning curve), and one real run against a gateway on loopback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from bench.specbench import analysis, cli
+from bench.specbench.runner import ADAPTIVE, Progress, rotated
+from bench.specbench.workload import WorkloadError, build_workload, read_rows
+from tests.helpers import start_gateway
+
+
+def rows(cats=("a", "b"), per=3):
+    return [{"question_id": f"{c}{i}", "category": c, "turns": [f"prompt {c} {i}", "second turn"]}
+            for c in cats for i in range(per)]
+
+
+def test_workload_interleaves_categories_and_deals_every_temperature_to_each():
+    w = build_workload(rows(), per_category=3, temperatures=[0.0, 0.7, 1.0], seed=1)
+    assert [r.category for r in w] == ["a", "b"] * 3  # any prefix is a fair sample
+    for c in "ab":
+        assert sorted(r.temperature for r in w if r.category == c) == [0.0, 0.7, 1.0]
+    assert len({r.seed for r in w}) == len(w) and [r.idx for r in w] == list(range(6))
+    one = build_workload(rows(per=1), per_category=1, temperatures=[0.0, 1.0], seed=1)
+    assert {r.temperature for r in one} == {0.0, 1.0}  # still a mix with one row per category
+
+
+def test_workload_errors_name_the_line(tmp_path):
+    p = tmp_path / "w.jsonl"
+    p.write_text('{"category": "a", "turns": ["ok"]}\n{"category": "b", "turns": []}\n')
+    with pytest.raises(WorkloadError, match="w.jsonl:2"):
+        read_rows(p)
+    with pytest.raises(WorkloadError, match="no rows for categories"):
+        build_workload(rows(), 1, [0.0], 0, categories=["zzz"])
+
+
+def m(idx, mode, tokens, latency, temp=0.0, sha="x", cat="a", conc=1, **kw):
+    return dict(idx=idx, mode=mode, output_tokens=tokens, latency_s=latency, temperature=temp, text_sha=sha,
+                category=cat, concurrency=conc, repeat=0, **kw)
+
+
+def test_oracle_takes_the_fastest_fixed_arm_per_request_and_ratios_follow():
+    ms = [m(0, "plain", 10, 2.0), m(0, "ngram:4", 10, 1.0), m(0, ADAPTIVE, 10, 1.0, arm="ngram:4"),
+          m(1, "plain", 10, 1.0), m(1, "ngram:4", 10, 2.0), m(1, ADAPTIVE, 10, 1.25, arm="plain")]
+    c = analysis.compare(ms, ["plain", "ngram:4", ADAPTIVE])
+    assert c["modes"]["oracle"]["seconds"] == 2.0 and c["oracle_arms"] == {"ngram:4": 1, "plain": 1}
+    assert c["modes"]["plain"]["tok_s"] == c["modes"]["ngram:4"]["tok_s"] == pytest.approx(20 / 3)
+    assert c["adaptive_vs_oracle"] == pytest.approx(2.0 / 2.25, abs=1e-4)
+    assert c["adaptive_vs_best_fixed"] == pytest.approx(3.0 / 2.25, abs=1e-4)
+    assert c["adaptive_arms"] == {"ngram:4": 1, "plain": 1}
+
+
+def test_speed_is_per_token_so_longer_sampled_answers_are_not_penalised():
+    ms = [m(0, "plain", 10, 1.0, temp=1.0), m(0, "ngram:4", 40, 2.0, temp=1.0)]
+    c = analysis.compare(ms, ["plain", "ngram:4"])
+    assert c["modes"]["ngram:4"]["vs_plain"] == pytest.approx(2.0)
+    assert c["best_fixed"] == "ngram:4"
+
+
+def test_greedy_mismatch_is_found_only_at_temperature_zero():
+    ms = [m(0, "plain", 5, 1, sha="aa"), m(0, "ngram:4", 5, 1, sha="bb"),
+          m(1, "plain", 5, 1, temp=0.7, sha="aa"), m(1, "ngram:4", 5, 1, temp=0.7, sha="cc"),
+          m(2, "plain", 5, 1, sha="dd", conc=16), m(2, "ngram:4", 5, 1, sha="dd", conc=16)]
+    bad = analysis.greedy_mismatches(ms)
+    assert [(b["idx"], b["concurrency"]) for b in bad] == [(0, 1)]
+
+
+def test_learning_curve_is_relative_to_the_oracle_and_reports_when_it_gets_there():
+    oracle, plain = {0: 0.1, 1: 0.1}, {0: 0.2, 1: 0.2}
+    stream = [m(k % 2, ADAPTIVE, 10, 2.0 if k < 4 else 1.0, served=k) for k in range(10)]
+    c = analysis.learning_curve(stream, oracle, plain, window=2)
+    assert c["vs_oracle"][0] == pytest.approx(0.5) and c["final_vs_oracle"] == pytest.approx(1.0)
+    assert c["final_vs_plain"] == pytest.approx(2.0)
+    assert c["reached_0_9_at"] == 6  # the first full window of fast requests
+
+
+def test_concurrency_table_and_targets():
+    runs = [dict(concurrency=16, mode=mode, wall_s=wall, measurements=[m(0, mode, 100, 1.0, conc=16)])
+            for mode, wall in (("plain", 10.0), ("ngram:4", 12.5), (ADAPTIVE, 9.0))]
+    conc = analysis.concurrency_table(runs)
+    assert conc["16"]["ngram:4"]["vs_plain"] == pytest.approx(0.8)
+    t = analysis.targets(None, conc, None, 16)
+    assert [x["ok"] for x in t] == [True, True]
+    runs[2]["wall_s"] = 11.0
+    assert [x["ok"] for x in analysis.targets(None, analysis.concurrency_table(runs), None, 16)] == [False, True]
+
+
+def test_progress_prints_in_tenths_off_a_terminal():
+    import io
+
+    out = io.StringIO()
+    p = Progress(20, "c=1", stream=out)
+    for _ in range(20):
+        p.step("plain")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 10 and lines[-1].startswith("c=1 [") and "20/20" in lines[-1]
+    assert rotated(["a", "b", "c"], 4) == ["b", "c", "a"]
+
+
+def test_bad_arguments_are_refused_with_a_reason(capsys):
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    for argv, msg in ((["--arms", "ngram:4"], "start with plain"), (["--arms", "plain", "ngram"], "--arms"),
+                      (["--address", "x:1", "--learning-curve", "50"], "learning curve needs a cold gateway"),
+                      (["--policy", "p.json", "--learning-curve", "50"], "starts cold")):
+        assert cli.main(parser.parse_args(argv)) == 2
+        assert msg in capsys.readouterr().err
+
+
+def test_a_real_run_through_a_gateway(tmp_path, specbench_rows):
+    """Tiny engine behind a real gateway on loopback: every mode, two levels of
+    concurrency, outputs identical at temperature 0, files written."""
+    data = tmp_path / "w.jsonl"
+    picked = [r for r in specbench_rows if r["category"] in ("coding", "summarization")][:1] + \
+             [r for r in specbench_rows if r["category"] == "translation"][:1]
+    data.write_text("\n".join(json.dumps(r) for r in picked))
+    gw = start_gateway()
+    try:
+        parser = argparse.ArgumentParser()
+        cli.add_arguments(parser)
+        args = parser.parse_args(["--address", f"127.0.0.1:{gw.port}", "--data", str(data), "--per-category", "1",
+                                  "--arms", "plain", "ngram:2", "ngram:4", "--concurrency", "1", "3",
+                                  "--temperatures", "0", "1", "--max-tokens", "12", "--learning-curve", "0",
+                                  "--out-dir", str(tmp_path / "out")])
+        assert cli.main(args) == 0
+    finally:
+        gw.close()
+    summary = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert summary["greedy_mismatches"] == []
+    modes = ["plain", "ngram:2", "ngram:4", ADAPTIVE]
+    assert list(summary["raw"]["c1"]) == modes or set(summary["raw"]["c1"]) == set(modes)
+    for level in ("c1", "c3"):
+        for mode in modes:
+            cell = summary["raw"][level][mode]
+            assert len(cell["latencies_s"]) == 2 and cell["total_output_tokens"] > 0 and cell["total_wall_s"] > 0
+    assert all(a for a in summary["raw"]["c1"][ADAPTIVE]["arms"])
+    fixed = [x for x in summary["measurements"] if x["mode"] == "ngram:4"]
+    assert all(x["arm"] == "ngram:4" and x["source"] == "request" for x in fixed)
+    assert (tmp_path / "out" / "report.md").read_text().startswith("# specgate bench")
+    assert {p.rsplit("/", 1)[-1] for p in summary["plots"]} >= {"speedup_by_category.png", "concurrency.png"}
