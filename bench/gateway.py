@@ -38,9 +38,10 @@ class EchoEndpoint:
     """Answers at once with the prompt: everything measured is the gateway."""
 
     id, address, healthy = "echo", "in-process", True
+    MENU = ArmMenu(("ngram",), 1, 8)
 
     def arms(self):
-        return ArmMenu(("ngram",), 1, 8)
+        return self.MENU
 
     def load(self):
         return LoadSnapshot()

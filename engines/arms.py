@@ -14,9 +14,10 @@ request took.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engines.errors import InvalidRequest
 
@@ -34,14 +35,14 @@ class Arm:
 
     draft: str | None = None
     gamma: int = 0
+    name: str = field(init=False, compare=False, repr=False)  # 'plain' or 'DRAFT:GAMMA', made once
+
+    def __post_init__(self):
+        object.__setattr__(self, "name", PLAIN if self.draft is None else f"{self.draft}:{self.gamma}")
 
     @property
     def is_plain(self) -> bool:
         return self.draft is None
-
-    @property
-    def name(self) -> str:
-        return PLAIN if self.draft is None else f"{self.draft}:{self.gamma}"
 
     def __str__(self) -> str:
         return self.name
@@ -95,10 +96,12 @@ class ArmMenu:
     gamma_max: int = 1
     only: frozenset[Arm] | None = None
 
+    @functools.cached_property
+    def _served(self) -> frozenset[Arm]:
+        return frozenset(self.only if self.only is not None else self.all_arms())
+
     def allows(self, arm: Arm) -> bool:
-        if self.only is not None:
-            return arm in self.only
-        return arm.is_plain or (arm.draft in self.drafts and self.gamma_min <= arm.gamma <= self.gamma_max)
+        return arm in self._served
 
     def check(self, arm: Arm) -> None:
         """Raise the InvalidRequest a client sees for an arm this menu does not serve."""

@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench-gateway": ("bench.gateway", "gateway added latency and echo-engine throughput"),
     "bench-policy": ("bench.policy", "decision latency (features with classifier, plus decide)"),
     "bench-telemetry": ("bench.telemetry", "retraining time, publish-to-live latency, outcome write cost"),
+    "bench-chaos": ("bench.chaos", "fault and load drill: saturation, malformed input, Redis and worker kills, SIGTERM"),
 }
 
 

@@ -45,6 +45,14 @@ def load_config(args):
     return config.model_copy(update=update)
 
 
+def redacted(config) -> str:
+    """The config as JSON for the log, without secrets (keys, passwords in URLs)."""
+    import re
+
+    text = config.model_dump_json(exclude={"auth"})
+    return re.sub(r"(redis://[^:/@\s\"]*:)[^@\s\"]+@", r"\1***@", text)
+
+
 def main(args) -> int:
     from pydantic import ValidationError
 
@@ -56,7 +64,7 @@ def main(args) -> int:
     except (OSError, ValueError, ValidationError) as e:
         print(f"error: config: {e}", file=sys.stderr)
         return 2
-    log.info("config: %s", config.model_dump_json(exclude={"auth"}))
+    log.info("config: %s", redacted(config))
     engine = None
     if config.embedded_engine:
         from engines.builtin import BuiltinEngine

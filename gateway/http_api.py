@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -94,7 +94,7 @@ class _Common(BaseModel):
     top_k: StrictInt | None = None
     seed: Annotated[StrictInt, Field(ge=0)] | None = None
     stop: StrictStr | list[StrictStr] | None = None
-    n: Literal[1] = 1
+    n: Annotated[StrictInt, Field(ge=1, le=1)] = 1
     stream: StrictBool = False
     specgate: Hints | None = None
 
@@ -108,9 +108,14 @@ class ChatCompletionRequest(_Common):
     max_completion_tokens: StrictInt | None = None
 
 
+_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
+
+
 def _pydantic_error(e: ValidationError) -> HTTPError:
     err = e.errors()[0]
-    loc = [str(x) for x in err["loc"] if not str(x).startswith(("function-", "list[", "str", "int"))]
+    # pydantic names the branch of a union it tried ('str', 'list[str]', ...): not a field
+    loc = [str(x) for x in err["loc"] if str(x) not in _TYPE_TAGS and "[" not in str(x)
+           and not str(x).startswith(("function-", "constrained-"))]
     param = loc[0] if loc else None
     where = ".".join(loc)
     msg = err["msg"]
@@ -225,7 +230,7 @@ def create_app(service: GatewayService, keys: KeyStore, metrics=None, max_prompt
             service.admit()
         except BodyTooLarge:
             reset_call(token)
-            raise  # the guard answers 413
+            return HTTPError(413, f"body larger than {max_body} bytes").response(rid, {"Connection": "close"})
         except Exception as e:  # noqa: BLE001 - every refusal is error JSON
             reset_call(token)
             return error_for(e, rid).response(rid)

@@ -21,7 +21,8 @@ def error_body(message: str, type_: str = "invalid_request_error", param: str | 
 
 
 class BodyTooLarge(Exception):
-    """Raised from `receive` when a body outgrows the bound mid-stream."""
+    """Raised from `receive` when a body outgrows the bound mid-stream (the API
+    turns it into a 413 and closes the connection)."""
 
 
 class RequestGuard:
@@ -64,10 +65,7 @@ class RequestGuard:
             except AuthError as e:
                 return await _refuse(send, rid, e.status, error_body(e.message, "authentication_error",
                                                                      code="invalid_api_key"))
-        try:
-            await self.app(scope, receive, send)
-        except BodyTooLarge:
-            await _refuse(send, rid, 413, error_body(f"body larger than {self.max_body} bytes"))
+        await self.app(scope, receive, send)  # the API answers BodyTooLarge with 413 itself
 
 
 def _bounded(receive, limit: int):

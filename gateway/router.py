@@ -29,6 +29,8 @@ class Router:
         self.health_check_s = health_check_s
         self._inflight: dict[str, int] = {e.id: 0 for e in endpoints}
         self._task: asyncio.Task | None = None
+        self._menu_key: tuple = ()
+        self._menu = ArmMenu.union([])
 
     async def start(self) -> None:
         """Connect every endpoint, check each once, then keep checking."""
@@ -52,8 +54,13 @@ class Router:
         return [e for e in self.endpoints if e.healthy]
 
     def arms(self) -> ArmMenu:
-        """Everything any healthy endpoint serves (the policy's menu)."""
-        return ArmMenu.union([e.arms() for e in self.healthy()])
+        """Everything any healthy endpoint serves (the policy's menu); recomputed
+        only when a menu or the set of healthy endpoints changed."""
+        menus = [e.arms() for e in self.endpoints if e.healthy]
+        key = tuple(map(id, menus))
+        if key != self._menu_key:
+            self._menu_key, self._menu = key, ArmMenu.union(menus)
+        return self._menu
 
     def _score(self, e: Endpoint) -> int:
         ld = e.load()

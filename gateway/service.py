@@ -58,6 +58,7 @@ class GatewayService:
         self.include_prompt = include_prompt
         self._rng = rng or random.Random()
         self.active = 0  # generations in flight (gRPC and HTTP)
+        self._attrs: dict[tuple, tuple[dict, dict, dict]] = {}
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -81,8 +82,8 @@ class GatewayService:
         if req.hints.requested_arm:
             arms.check(Arm.parse(req.hints.requested_arm))  # a requested arm nobody serves is a bad field
         f = self.features(req)
-        # one seed per decision: decide() is pure given it (the event loop runs one at a time)
-        d = decide(f, self.policy.rules, self.policy.model, random.Random(self._rng.getrandbits(64)), arms)
+        # decide() runs on the event loop, one at a time: the gateway's rng needs no lock
+        d = decide(f, self.policy.rules, self.policy.model, self._rng, arms)
         self.instr.decision_latency.record(time.perf_counter() - t0)
         return d, f
 
@@ -194,12 +195,17 @@ class GatewayService:
             return
 
     def _observe(self, s: Served) -> None:
-        st = s.result.stats
-        self.instr.requests.add(1, {"arm": s.decision.arm.name, "source": s.decision.source})
+        st, arm = s.result.stats, s.decision.arm
+        key = (arm, s.decision.source)
+        attrs = self._attrs.get(key)
+        if attrs is None:  # one set of attribute dicts per (arm, source): built once, not per request
+            attrs = self._attrs[key] = ({"arm": arm.name, "source": s.decision.source}, {"draft": arm.draft or ""},
+                                        {"arm": arm.name})
+        self.instr.requests.add(1, attrs[0])
         if st.drafted:
-            self.instr.acceptance.record(st.acceptance_rate, {"draft": s.decision.arm.draft or ""})
+            self.instr.acceptance.record(st.acceptance_rate, attrs[1])
         if st.total_s > 0:
-            self.instr.tokens_per_s.record(st.tokens_per_s, {"arm": s.decision.arm.name})
+            self.instr.tokens_per_s.record(st.tokens_per_s, attrs[2])
         self.instr.ttft.record(s.ttft_s)
 
     def _record(self, req: GatewayRequest, f: RequestFeatures, s: Served) -> None:

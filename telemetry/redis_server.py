@@ -36,7 +36,7 @@ class Outage:
     """Logs that `what` lost Redis once when it happens and once when it ends,
     and paces the retries (exponential backoff)."""
 
-    def __init__(self, what: str, logger: logging.Logger, first_s: float = 0.2, cap_s: float = 5.0):
+    def __init__(self, what: str, logger: logging.Logger, first_s: float = 0.2, cap_s: float = 2.0):
         self.what, self.log, self.first, self.cap = what, logger, first_s, cap_s
         self.down_since: float | None = None
         self._delay = first_s

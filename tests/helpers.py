@@ -35,39 +35,12 @@ REPO = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "gateway.cli"]
 
 # ----------------------------------------------------------------------------- tiny models
-WORDS = ["<unk>", "<eos>"] + [f"w{i}" for i in range(30)] + ["hello", "world", "stop", "the", "cat", "sat"]
+from bench.tiny import WORDS, tiny_tokenizer, write_tiny_engine  # noqa: E402,F401 - re-exported for the tests
+from bench.tiny import tiny_hf_model as _tiny_hf_model  # noqa: E402
 
 
-def tiny_tokenizer(words=WORDS):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>")
-
-
-def tiny_hf_model(vocab=len(WORDS), layers=4, hidden=32, heads=4, kv_heads=2, seed=0,
-                  model_type="llama", dtype=torch.float64, scale=1.0):
-    """A random HF causal LM. `scale` sharpens the output distribution (bigger
-    logits), which makes drafts agree with the target more often."""
-    from transformers import LlamaConfig as HFLlamaConfig
-    from transformers import LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    kw = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-              num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=256,
-              eos_token_id=1, bos_token_id=None, pad_token_id=0, tie_word_embeddings=False)
-    model = Qwen2ForCausalLM(Qwen2Config(**kw)) if model_type == "qwen2" else LlamaForCausalLM(HFLlamaConfig(**kw))
-    model = model.to(dtype).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(scale)
-        if model_type == "qwen2":  # random biases so the bias path is exercised
-            for layer in model.model.layers:
-                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                    proj.bias.normal_(0, 0.5)
-    return model
+def tiny_hf_model(*args, dtype=torch.float64, **kw):
+    return _tiny_hf_model(*args, dtype=dtype, **kw)
 
 
 def lean_from_hf(hf_model, dtype=torch.float64) -> LlamaModel:
@@ -317,19 +290,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def write_tiny_engine(directory: Path) -> Path:
-    """A tiny model saved as an HF directory and an engine config YAML naming it."""
-    import yaml
-
-    model = tiny_hf_model(scale=4.0, dtype=torch.float32)
-    model.save_pretrained(directory / "model")
-    tiny_tokenizer().save_pretrained(directory / "model")
-    cfg = directory / "engine.yaml"
-    cfg.write_text(yaml.safe_dump({"target": {"path": str(directory / "model"), "max_context": 96},
-                                   "drafts": [{"kind": "ngram", "name": "ngram"}], "gamma_max": 4}))
-    return cfg
 
 
 def start_worker(config: Path, port: int, *extra: str, env: dict | None = None) -> subprocess.Popen:

@@ -94,6 +94,7 @@ class WorkerEndpoint:
         self._channel: grpc.aio.Channel | None = None
         self._stub: pb_grpc.EngineStub | None = None
         self._status: pb.EngineStatus | None = None
+        self._menu = ArmMenu((), 1, 1)
         self._health = HealthState(f"engine {self.id} at {self.address}")
 
     async def open(self) -> None:
@@ -121,6 +122,9 @@ class WorkerEndpoint:
             # wait_for_ready: a channel in reconnect backoff would otherwise fail at once
             self._status = await self._stub.Status(pb.GetStatusRequest(), timeout=self._timeout, wait_for_ready=True,
                                                    metadata=self._metadata)
+            menu = menu_from_status(self._status)
+            if menu != self._menu:
+                self._menu = menu
             self._health.passed()
         except grpc.RpcError as e:
             self._health.failed(f"{e.code().name} {e.details() or ''}".strip())
@@ -130,7 +134,7 @@ class WorkerEndpoint:
         self._health.mark_failed()
 
     def arms(self) -> ArmMenu:
-        return menu_from_status(self._status) if self._status else ArmMenu((), 1, 1)
+        return self._menu
 
     def load(self) -> LoadSnapshot:
         s = self._status

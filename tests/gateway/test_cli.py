@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import yaml
 
@@ -70,3 +71,30 @@ def test_every_command_has_help(capsys):
             build_parser([name, "--help"]).parse_args([name, "--help"])
         out = capsys.readouterr().out
         assert e.value.code == 0 and f"usage: specgate {name}" in out and len(out) > 200, name
+
+
+def redis_servers() -> set[int]:
+    out = subprocess.run(["pgrep", "-x", "redis-server"], capture_output=True, text=True)
+    return {int(p) for p in out.stdout.split()}
+
+
+def test_a_refused_start_leaves_no_redis_server_behind(tmp_path):
+    cfg = tmp_path / "gateway.yaml"
+    cfg.write_text(yaml.safe_dump({"embedded_engine": False, "remote_engines": [{"address": "127.0.0.1:1"}],
+                                   "health_check_s": 0.2}))
+    before = redis_servers()
+    for listen in ("0.0.0.0:0", "999.1.1.1:5", "127.0.0.1:notaport"):  # no keys beyond loopback; bad addresses
+        out = subprocess.run(CLI + ["serve", "--config", str(cfg), "--listen", listen], capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 2 and "error:" in out.stderr and "Traceback" not in out.stderr, out.stderr[-800:]
+    time.sleep(0.5)
+    assert redis_servers() <= before
+
+
+def test_the_config_logged_at_start_carries_no_secrets():
+    from gateway.cmd_serve import redacted
+    from gateway.config import GatewayConfig
+
+    text = redacted(GatewayConfig.model_validate({"telemetry": {"redis_url": "redis://:s3cr3t@10.0.0.1:6379/0"},
+                                                  "auth": {"keys": [{"tenant": "a", "key_sha256": "0" * 64}]}}))
+    assert "s3cr3t" not in text and "redis://:***@10.0.0.1" in text and "0" * 64 not in text
