@@ -140,7 +140,7 @@ class Drill:
 
         try:
             n = 0
-            for ev in self.stub.GenerateStream(self.request(max_tokens), metadata=self.meta, timeout=120):
+            for _ in self.stub.GenerateStream(self.request(max_tokens), metadata=self.meta, timeout=120):
                 n += 1
                 if first is not None and n == 1:
                     first.set()

@@ -1,8 +1,17 @@
-"""Engine benchmark: every arm against plain decoding and against Hugging Face
-`generate` (plain and prompt lookup), on Spec-Bench dev prompts, in one run.
+"""Engine benchmark: every mode against plain decoding (and, greedy, against
+Hugging Face `generate` with and without prompt lookup) on Spec-Bench dev
+prompts, per category and temperature, in one run.
 
-Every figure is a ratio measured in the same run, with the arms interleaved per
+Modes: `plain`; `DRAFT:G`, the draft with the engine adapting per round up to
+G tokens (engines/budget.py); `DRAFT:G/fixed`, the draft verifying exactly G
+every round. Per cell: speed over plain, acceptance per drafted token, mean
+accepted length (tokens per target forward), and for model drafts the draft's
+cost per drafted token as a fraction of a plain decode step.
+
+Every figure is a ratio measured in the same run, the modes interleaved per
 prompt, because these machines are shared and their absolute speed drifts.
+Greedy outputs of every mode are compared with plain's: any difference is
+reported (lossless decoding makes it empty).
 """
 
 from __future__ import annotations
@@ -24,28 +33,49 @@ from engines.builtin import BuiltinEngine, drive_from_side_thread
 from engines.config import load_engine_config
 from engines.text import encode_prompt
 
-DEFAULT_ARMS = ("plain", "ngram:2", "ngram:4", "ngram:8", "selfspec:2", "selfspec:4")
+DEFAULT_MODES = ("plain", "ngram:8", "ngram:2/fixed", "ngram:4/fixed", "ngram:8/fixed", "eagle:6", "eagle:1/fixed",
+                 "eagle:2/fixed", "eagle:3/fixed", "eagle:4/fixed", "selfspec:2/fixed")
 DEFAULT_HF_PLD = (4, 10)
+
+
+def parse_mode(mode: str) -> tuple[Arm, bool]:
+    """'ngram:8' -> (Arm(ngram, 8), adaptive); 'ngram:8/fixed' -> (.., fixed)."""
+    arm, _, fixed = mode.partition("/")
+    if fixed not in ("", "fixed"):
+        raise ValueError(f"mode {mode!r}: expected DRAFT:G or DRAFT:G/fixed")
+    return Arm.parse(arm), fixed == "fixed"
 
 
 @dataclass
 class Cell:
-    """Totals for one (category, arm)."""
+    """Totals for one (temperature, category, mode)."""
 
     tokens: int = 0
     seconds: float = 0.0
+    decode_s: float = 0.0
     drafted: int = 0
+    verified: int = 0
     accepted: int = 0
     rounds: int = 0
+    draft_s: float = 0.0
     runs: list[dict] = field(default_factory=list)
 
-    def add(self, tokens: int, seconds: float, drafted: int = 0, accepted: int = 0, rounds: int = 0, **extra):
-        self.tokens += tokens
-        self.seconds += seconds
-        self.drafted += drafted
-        self.accepted += accepted
-        self.rounds += rounds
-        self.runs.append(dict(tokens=tokens, seconds=seconds, drafted=drafted, accepted=accepted, **extra))
+    def add(self, s=None, **extra) -> None:
+        if s is not None:
+            self.tokens += s.output_tokens
+            self.seconds += s.total_s
+            self.decode_s += max(s.total_s - s.prefill_s, 0.0)
+            self.drafted += s.drafted
+            self.verified += sum(s.verified_per_round)
+            self.accepted += s.accepted
+            self.rounds += s.rounds
+            self.draft_s += s.draft_s
+            self.runs.append(dict(tokens=s.output_tokens, seconds=s.total_s, drafted=s.drafted,
+                                  accepted=s.accepted, rounds=s.rounds, **extra))
+        else:
+            self.tokens += extra["tokens"]
+            self.seconds += extra["seconds"]
+            self.runs.append(extra)
 
     @property
     def tok_s(self) -> float:
@@ -116,88 +146,120 @@ def hf_generate_runner(engine: BuiltinEngine):
     return run
 
 
-def run_bench(engine: BuiltinEngine, rows: list[dict], arms: list[str], max_tokens: int,
+def run_bench(engine: BuiltinEngine, rows: list[dict], modes: list[str], temperatures: list[float], max_tokens: int,
               hf_pld: tuple[int, ...] | None, log=print) -> dict:
     hf = hf_generate_runner(engine) if hf_pld is not None else None
-    cells: dict[tuple[str, str], Cell] = defaultdict(Cell)
+    cells: dict[tuple[float, str, str], Cell] = defaultdict(Cell)
     mismatches = []
-    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    total = len(rows) * (len(arms) + (1 + len(hf_pld) if hf else 0))
-    done = 0
-    t_start = time.perf_counter()
+    total = len(rows) * sum(len(modes) + (1 + len(hf_pld) if hf and t == 0 else 0) for t in temperatures)
+    done, t_start = 0, time.perf_counter()
     for row in rows:
         cat = row["category"]
-        req = dict(request_id=str(row["question_id"]), messages=(ChatMessage("user", row["turns"][0]),), sampling=sp)
-        reference = None
-        for arm in arms:
-            res = engine.generate(GenerationRequest(arm=Arm.parse(arm), **req))
-            s = res.stats
-            cells[(cat, arm)].add(s.output_tokens, s.total_s, s.drafted, s.accepted, s.rounds,
-                                  decode_s=s.total_s - s.prefill_s, prompt_tokens=s.prompt_tokens)
-            if reference is None:
-                reference = res.token_ids
-            elif res.token_ids != reference:
-                mismatches.append((row["question_id"], arm))
-            done += 1
-            log(f"[{done}/{total}] {time.perf_counter() - t_start:6.0f}s {cat:<14} {arm:<12} "
-                f"{s.tokens_per_s:6.1f} tok/s  acc {s.acceptance_rate:.2f}  mal {s.mean_accepted_length:.2f}")
-        if hf:
-            prompt_ids = encode_prompt(engine.tokenizer, GenerationRequest(**req))
-            for pld in (None, *hf_pld):
-                name = "hf" if pld is None else f"hf-pld:{pld}"
-                out, secs = hf(prompt_ids, max_tokens, pld)
-                cells[(cat, name)].add(len(out), secs)
+        for temp in temperatures:
+            sp = SamplingParams(max_tokens=max_tokens, temperature=temp, seed=int(row["question_id"]))
+            req = dict(request_id=str(row["question_id"]), messages=(ChatMessage("user", row["turns"][0]),),
+                       sampling=sp)
+            outputs = {}
+            rotation = [modes[(i + done) % len(modes)] for i in range(len(modes))]  # drift hits every mode alike
+            for mode in rotation:
+                arm, fixed = parse_mode(mode)
+                res = engine.generate(GenerationRequest(arm=arm, fixed_gamma=fixed, **req))
+                s = res.stats
+                cells[(temp, cat, mode)].add(s, prompt_tokens=s.prompt_tokens)
+                outputs[mode] = res.token_ids
                 done += 1
-                log(f"[{done}/{total}] {time.perf_counter() - t_start:6.0f}s {cat:<14} {name:<12} "
-                    f"{len(out) / secs:6.1f} tok/s")
+                log(f"[{done}/{total}] {time.perf_counter() - t_start:6.0f}s T={temp:g} {cat:<14} {mode:<16} "
+                    f"{s.tokens_per_s:6.1f} tok/s  acc {s.acceptance_rate:.2f}  mal {s.mean_accepted_length:.2f}")
+            if temp == 0 and "plain" in outputs:
+                mismatches += [(row["question_id"], m) for m, ids in outputs.items() if ids != outputs["plain"]]
+            if hf and temp == 0:
+                prompt_ids = encode_prompt(engine.tokenizer, GenerationRequest(**req))
+                for pld in (None, *hf_pld):
+                    name = "hf" if pld is None else f"hf-pld:{pld}"
+                    out, secs = hf(prompt_ids, max_tokens, pld)
+                    cells[(temp, cat, name)].add(tokens=len(out), seconds=secs)
+                    done += 1
+                    log(f"[{done}/{total}] {time.perf_counter() - t_start:6.0f}s T=0 {cat:<14} {name:<16} "
+                        f"{len(out) / secs:6.1f} tok/s")
     if hf:
         hf.close()
-    return summarize(cells, mismatches, arms, hf_pld if hf else ())
+    return summarize(cells, mismatches, modes, temperatures, hf_pld if hf else ())
 
 
-def summarize(cells, mismatches, arms, hf_pld) -> dict:
-    cats = sorted({c for c, _ in cells})
-    names = list(arms) + (["hf"] + [f"hf-pld:{p}" for p in hf_pld] if hf_pld else [])
-    table = {}
-    for cat in cats + ["ALL"]:
-        row = {}
-        for name in names:
-            if cat == "ALL":
-                cell = Cell()
-                for c in cats:
-                    x = cells[(c, name)]
-                    cell.add(x.tokens, x.seconds, x.drafted, x.accepted, x.rounds)
-            else:
-                cell = cells[(cat, name)]
-            row[name] = dict(tok_s=cell.tok_s, tokens=cell.tokens, seconds=cell.seconds,
-                             acceptance=cell.accepted / cell.drafted if cell.drafted else None,
-                             mean_accepted_length=(cell.accepted + cell.rounds) / cell.rounds if cell.rounds else None)
-        plain = row["plain"]["tok_s"] or 1.0
-        for name in names:
-            row[name]["vs_plain"] = row[name]["tok_s"] / plain
-        table[cat] = row
-    return dict(table=table, greedy_mismatches=mismatches,
-                runs={f"{c}|{n}": cells[(c, n)].runs for c, n in cells})
+def _row(cells: dict, temp: float, cats: list[str], names: list[str]) -> dict:
+    plain = Cell()
+    for c in cats:
+        x = cells.get((temp, c, "plain"))
+        if x:
+            plain.tokens, plain.seconds, plain.decode_s = (plain.tokens + x.tokens, plain.seconds + x.seconds,
+                                                           plain.decode_s + x.decode_s)
+    step = plain.decode_s / max(plain.tokens - len(cats), 1)  # seconds per plain decode step
+    row = {}
+    for name in names:
+        cell = Cell()
+        for c in cats:
+            x = cells.get((temp, c, name))
+            if x is None:
+                continue
+            for f in ("tokens", "seconds", "decode_s", "drafted", "verified", "accepted", "rounds", "draft_s"):
+                setattr(cell, f, getattr(cell, f) + getattr(x, f))
+        if not cell.seconds:
+            continue
+        row[name] = dict(
+            tok_s=cell.tok_s, vs_plain=cell.tok_s / plain.tok_s if plain.tok_s else None,
+            acceptance=cell.accepted / cell.drafted if cell.drafted else None,
+            mean_accepted_length=(cell.accepted + cell.rounds) / cell.rounds if cell.rounds and cell.drafted else None,
+            draft_cost=(cell.draft_s / cell.drafted) / step if cell.drafted and step else None,
+            drafted=cell.drafted, verified=cell.verified, accepted=cell.accepted)
+    return row
 
 
-def format_table(summary: dict, arms: list[str]) -> str:
-    table = summary["table"]
-    names = [n for n in next(iter(table.values()))]
-    spec = [a for a in arms if a != "plain"]
-    hf_pld = [n for n in names if n.startswith("hf-pld")]
-    head = (["category", "plain tok/s"] + [f"{a} x" for a in spec] + ["best arm", "HF tok/s"]
-            + [f"{n} x" for n in hf_pld])
+def summarize(cells, mismatches, modes, temperatures, hf_pld) -> dict:
+    cats = sorted({c for _, c, _ in cells})
+    names = list(modes) + (["hf"] + [f"hf-pld:{p}" for p in hf_pld] if hf_pld else [])
+    tables = {}
+    for temp in temperatures:
+        tables[f"{temp:g}"] = {cat: _row(cells, temp, [cat], names) for cat in cats}
+        tables[f"{temp:g}"]["ALL"] = _row(cells, temp, cats, names)
+    return dict(tables=tables, greedy_mismatches=mismatches,
+                runs={f"{t:g}|{c}|{n}": cells[(t, c, n)].runs for t, c, n in cells})
+
+
+def hindsight(table: dict, draft: str, adaptive: str) -> dict:
+    """Per category: the draft's best fixed γ in hindsight against its adaptive mode."""
+    out = {}
+    for cat, row in table.items():
+        fixed = {m: v["vs_plain"] for m, v in row.items() if m.startswith(draft + ":") and m.endswith("/fixed")}
+        if not fixed or adaptive not in row:
+            continue
+        best = max(fixed, key=fixed.get)
+        out[cat] = dict(best_fixed=best, best_fixed_x=fixed[best], adaptive_x=row[adaptive]["vs_plain"],
+                        ratio=row[adaptive]["vs_plain"] / fixed[best])
+    return out
+
+
+def format_table(table: dict, modes: list[str]) -> str:
+    spec = [m for m in modes if m != "plain"]
+    hf = [n for n in next(iter(table.values())) if n.startswith("hf")]
+    head = ["category", "plain tok/s"] + [f"{m} x (acc/len)" for m in spec] + ["best mode"] + \
+        ([f"{n} x" for n in hf] if hf else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for cat, row in table.items():
-        best = max(spec, key=lambda a: row[a]["vs_plain"]) if spec else "plain"
+        if "plain" not in row:
+            continue
+        have = [m for m in spec if m in row]
+        best = max(have, key=lambda m: row[m]["vs_plain"]) if have else "plain"
         cells = [cat, f"{row['plain']['tok_s']:.1f}"]
-        for a in spec:
-            acc = row[a]["acceptance"]
-            cells.append(f"{row[a]['vs_plain']:.2f} ({acc:.2f})" if acc is not None else f"{row[a]['vs_plain']:.2f}")
-        cells.append(f"{best} {row[best]['vs_plain']:.2f}x")
-        if "hf" in row:
-            cells.append(f"{row['hf']['tok_s']:.1f}")
-            cells += [f"{row[n]['vs_plain']:.2f}" for n in hf_pld]
+        for m in spec:
+            v = row.get(m)
+            if v is None:
+                cells.append("")
+            elif v["acceptance"] is None:
+                cells.append(f"{v['vs_plain']:.2f}")
+            else:
+                cells.append(f"{v['vs_plain']:.2f} ({v['acceptance']:.2f}/{v['mean_accepted_length']:.2f})")
+        cells.append(f"{best} {row[best]['vs_plain']:.2f}x" if have else "")
+        cells += [f"{row[n]['vs_plain']:.2f}" if n in row else "" for n in hf]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -207,7 +269,9 @@ def main(args) -> int:
     rows = [json.loads(line) for line in Path(args.data).read_text().splitlines() if line.strip()]
     rows = pick_prompts(rows, args.per_category, args.categories)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    log(f"machine: {cpu_model()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    for m in args.modes:
+        parse_mode(m)
+    log(f"machine: {cpu_model()}; torch {torch.__version__}")
     log(f"engine config: {config.model_dump_json()}")
     # The decode loop runs on this (main) thread, as in `specgate serve`; the
     # benchmark drives it from a second thread (see engines/builtin.py for why).
@@ -215,18 +279,34 @@ def main(args) -> int:
     cost = verify_cost(engine)
     log("target forward, median: " + ", ".join(f"T={t}: {s * 1e3:.1f} ms" for t, s in cost.items()))
     summary = drive_from_side_thread(engine, lambda: run_bench(
-        engine, rows, args.arms, args.max_tokens, None if args.no_hf else tuple(args.hf_pld), log))
+        engine, rows, args.modes, args.temperatures, args.max_tokens,
+        None if args.no_hf else tuple(args.hf_pld), log))
     summary["verify_cost_s"] = cost
     summary["verify8_over_step"] = cost[9] / cost[1]
-    summary["settings"] = dict(max_tokens=args.max_tokens, per_category=args.per_category, arms=args.arms,
-                               dtype=config.target.dtype, threads=torch.get_num_threads(), cpu=cpu_model())
-    print(f"machine: {cpu_model()}")
-    print(format_table(summary, args.arms))
+    summary["settings"] = dict(max_tokens=args.max_tokens, per_category=args.per_category, modes=args.modes,
+                               temperatures=args.temperatures, dtype=config.target.dtype, cpu=cpu_model(),
+                               profile=engine.profile.describe() if engine.profile else None)
+    print(f"machine: {cpu_model()}; start-up profile: {summary['settings']['profile']}")
+    for t, table in summary["tables"].items():
+        print(f"\n### T={t}: speed over plain (acceptance per drafted token / mean accepted length)\n")
+        print(format_table(table, args.modes))
+        for draft, adaptive in (("ngram", "ngram:8"), ("eagle", "eagle:6")):
+            h = hindsight(table, draft, adaptive)
+            if h:
+                within = sum(v["ratio"] >= 0.97 for c, v in h.items() if c != "ALL")
+                print(f"{adaptive} (adaptive) vs {draft}'s best fixed γ in hindsight, per category: within 3% or "
+                      f"better in {within}/{len(h) - ('ALL' in h)}; " + ", ".join(
+                          f"{c} {v['ratio']:.2f}" for c, v in h.items()))
+        costs = {m: v["draft_cost"] for m, v in table["ALL"].items() if v.get("draft_cost") is not None
+                 and not m.startswith("ngram")}
+        if costs:
+            print("draft cost per drafted token, in plain steps: " + ", ".join(f"{m} {c:.3f}" for m, c in
+                                                                               costs.items()))
     print(f"\nverify 8 drafts (T=9) / one decode step (T=1): {summary['verify8_over_step']:.2f}x "
           f"({cost[9] * 1e3:.1f} ms / {cost[1] * 1e3:.1f} ms)")
-    all_row = summary["table"]["ALL"]
+    all_row = summary["tables"]["0"]["ALL"] if "0" in summary["tables"] else {}
     if "hf" in all_row:
-        print(f"plain vs HF generate (all prompts): {all_row['plain']['tok_s'] / all_row['hf']['tok_s']:.2f}x")
+        print(f"plain vs HF generate (all prompts, greedy): {all_row['plain']['tok_s'] / all_row['hf']['tok_s']:.2f}x")
     print(f"greedy outputs differing from plain: {len(summary['greedy_mismatches'])} {summary['greedy_mismatches']}")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -240,9 +320,11 @@ def add_arguments(p) -> None:
     p.add_argument("--config", help="engine config YAML (default: built-in SmolLM2 config)")
     p.add_argument("--per-category", type=int, default=1, help="prompts per category (default: %(default)s)")
     p.add_argument("--categories", nargs="*", help="only these categories")
-    p.add_argument("--max-tokens", type=int, default=128, help="greedy tokens per prompt (default: %(default)s)")
-    p.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS), help="arms; the first must be plain")
+    p.add_argument("--max-tokens", type=int, default=128, help="tokens per prompt (default: %(default)s)")
+    p.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 0.7], help="(default: %(default)s)")
+    p.add_argument("--modes", nargs="+", default=list(DEFAULT_MODES),
+                   help="plain, DRAFT:G (adaptive up to G) or DRAFT:G/fixed (default: %(default)s)")
     p.add_argument("--hf-pld", nargs="*", type=int, default=list(DEFAULT_HF_PLD),
-                   help="HF prompt_lookup_num_tokens values to compare (default: %(default)s)")
+                   help="HF prompt_lookup_num_tokens values to compare, greedy only (default: %(default)s)")
     p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate baselines")
     p.add_argument("--out", help="write every measurement as JSON here")

@@ -1,10 +1,12 @@
-"""Load benchmark: output tokens/s and per-request latency (p50/p99) of every arm
-at concurrency 1..32 on the built-in engine with continuous batching, closed
-loop (each client sends its next request when the previous one ends).
+"""Load benchmark: output tokens/s and per-request latency (p50/p99) of every
+mode at concurrency 1..32 on the built-in engine with continuous batching,
+closed loop (each client sends its next request when the previous one ends).
 
-Shows where speculation stops paying: at low load a step is bound by reading
-the weights and verifying a few extra tokens is nearly free; at high load the
-batch already saturates compute and verification competes for it.
+Shows where speculation stops paying with a fixed γ (at low load a step is
+bound by reading the weights and verifying a few extra tokens is nearly free;
+at high load the batch already saturates compute and verification competes for
+it), and what the engine's per-step verification budget makes of the same
+drafts: modes are `plain`, `DRAFT:G` (adaptive up to G) and `DRAFT:G/fixed`.
 """
 
 from __future__ import annotations
@@ -18,19 +20,26 @@ import time
 from pathlib import Path
 
 from bench import cpu_model
+from bench.engine import parse_mode
 from engines.api import ChatMessage, GenerationRequest, SamplingParams
-from engines.arms import Arm
 from engines.builtin import BuiltinEngine, drive_from_side_thread
-from engines.config import EngineConfig
+from engines.config import load_engine_config
 
-DEFAULT_ARMS = ("plain", "ngram:2", "ngram:4", "ngram:8", "selfspec:2")
+DEFAULT_ARMS = ("plain", "ngram:8/fixed", "ngram:8", "eagle:4/fixed", "eagle:6", "selfspec:2/fixed", "selfspec:2")
 DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32)
 
 
-def load_prompts(path: Path, engine: BuiltinEngine, max_prompt_tokens: int) -> list[tuple[ChatMessage, ...]]:
+def load_prompts(path: Path, engine: BuiltinEngine, max_prompt_tokens: int,
+                 per_category: int = 3) -> list[tuple[ChatMessage, ...]]:
+    """The first `per_category` prompts of each category (those the trained draft
+    never saw: `specgate distill` holds them out), up to a prompt length."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    seen: dict[str, int] = {}
     out = []
     for r in rows:
+        seen[r["category"]] = seen.get(r["category"], 0) + 1
+        if seen[r["category"]] > per_category:
+            continue
         msgs = (ChatMessage("user", r["turns"][0]),)
         if engine.count_tokens(r["turns"][0]) <= max_prompt_tokens:
             out.append(msgs)
@@ -47,8 +56,10 @@ def run_level(engine: BuiltinEngine, prompts, arm: str, concurrency: int, per_cl
             msgs = prompts[(offset + c * per_client + j) % len(prompts)]
             t0 = time.perf_counter()
             try:
-                res = engine.generate(GenerationRequest(request_id=f"{c}-{j}", messages=msgs, arm=Arm.parse(arm),
-                                                        sampling=SamplingParams(max_tokens=max_tokens)))
+                a, fixed = parse_mode(arm)
+                sp = SamplingParams(max_tokens=max_tokens)
+                res = engine.generate(GenerationRequest(request_id=f"{c}-{j}", messages=msgs, arm=a, fixed_gamma=fixed,
+                                                        sampling=sp))
             except Exception as e:  # noqa: BLE001 - reported, not fatal
                 errors.append(repr(e))
                 continue
@@ -93,7 +104,8 @@ def plot(results: list[dict], out: Path, arms) -> None:
 
 
 def main(args) -> int:
-    config = EngineConfig(max_batch=max(args.levels), max_queue=4 * max(args.levels))
+    config = load_engine_config(args.config).model_copy(update=dict(max_batch=max(args.levels),
+                                                                     max_queue=4 * max(args.levels)))
     engine = BuiltinEngine.from_config(config, start_worker=False)
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     prompts = load_prompts(Path(args.data), engine, args.max_prompt_tokens)
@@ -143,7 +155,9 @@ def add_arguments(p) -> None:
     from bench import default_data_path
 
     p.add_argument("--data", default=str(default_data_path()), help="Spec-Bench JSONL (default: %(default)s)")
-    p.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS), help="arms; the first is the baseline")
+    p.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS),
+                   help="modes: plain, DRAFT:G (adaptive) or DRAFT:G/fixed; the first is the baseline")
+    p.add_argument("--config", help="engine config YAML (default: built-in SmolLM2 config)")
     p.add_argument("--levels", nargs="+", type=int, default=list(DEFAULT_LEVELS), help="concurrency levels")
     p.add_argument("--requests-per-level", type=int, default=4, help="requests per level at least (default: 4)")
     p.add_argument("--max-tokens", type=int, default=48, help="tokens per request (default: %(default)s)")

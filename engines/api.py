@@ -43,6 +43,8 @@ class GenerationRequest:
     prompt: str | None = None
     messages: tuple[ChatMessage, ...] = ()
     arm: Arm = field(default_factory=Arm)
+    min_confidence: float = 0.0  # a model draft stops drafting once its running confidence falls below this
+    fixed_gamma: bool = False  # verify every drafted token, never adapt (benchmarks of fixed γ against adaptive)
     prompt_token_ids: tuple[int, ...] | None = None  # bypasses tokenization (benchmarks, tests)
 
 

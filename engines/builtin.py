@@ -27,11 +27,12 @@ import torch
 
 from engines.api import GenerationRequest, GenerationResult, LoadSnapshot, TokenDelta
 from engines.arms import ArmMenu
+from engines.budget import StepCost
 from engines.config import EngineConfig
-from engines.drafts import ProposerFactory, build_drafts, should_pack
+from engines.drafts import ProposerFactory, build_drafts, may_pack
 from engines.errors import EngineError, InvalidRequest, Overloaded
-from engines.llama import pack_for_cpu
 from engines.loading import LoadedModel, default_cache_dir, default_target_path, load_model
+from engines.profile import Profile, choose_layout, fit_cost
 from engines.sampling import validate_sampling
 from engines.scheduler import Scheduler
 from engines.text import encode_prompt
@@ -154,7 +155,7 @@ class BuiltinHandle:
 
 class BuiltinEngine:
     def __init__(self, target: LoadedModel, drafts: dict[str, ProposerFactory], config: EngineConfig,
-                 start_worker: bool = True):
+                 start_worker: bool = True, cost: StepCost | None = None, profile: Profile | None = None):
         self.target = target
         self.model = target.model
         self.tokenizer = target.tokenizer
@@ -164,8 +165,10 @@ class BuiltinEngine:
         self.max_context = min(config.target.max_context, target.model.cfg.max_positions)
         self.eos_ids = frozenset(_eos_ids(target))
         self._queue: queue.Queue[BuiltinHandle | None] = queue.Queue()
+        self.profile = profile
         self._sched = Scheduler(self.model, self.tokenizer, self.eos_ids, drafts, config.gamma_max,
-                                config.kv_budget_tokens, config.max_batch, config.prefill_chunk)
+                                config.kv_budget_tokens, config.max_batch, config.prefill_chunk, cost,
+                                adaptive=config.adaptive)
         self._load = LoadSnapshot(kv_limit_tokens=config.kv_budget_tokens)
         self._closed = False
         self._worker: threading.Thread | None = None
@@ -176,18 +179,22 @@ class BuiltinEngine:
     # construction
     @classmethod
     def from_config(cls, config: EngineConfig, start_worker: bool = True) -> BuiltinEngine:
+        """Load the target and its drafts, then measure this machine (engines/profile.py)."""
         t = config.target
-        if t.threads:
-            torch.set_num_threads(t.threads)
         cache_dir = Path(t.cache_dir) if t.cache_dir else default_cache_dir()
-        dtype = getattr(torch, t.dtype)
         t0 = time.perf_counter()
-        target = load_model(t.path or default_target_path(), dtype, t.device, cache_dir)
+        target = load_model(t.path or default_target_path(), getattr(torch, t.dtype), t.device, cache_dir)
         log.info("target %s loaded in %.1f s (%s, %s)", target.source, time.perf_counter() - t0, t.dtype, t.device)
         drafts = build_drafts(config, target, cache_dir)
-        if should_pack(t):
-            pack_for_cpu(target.model.weights)  # layer drafts share this LlamaWeights object
-        return cls(target, drafts, config, start_worker)
+        if t.device == "cpu":
+            weights = [target.model.weights] + drafts.weights
+            prof = choose_layout(target.model, weights, t.pack_weights if may_pack(t) else False, t.threads)
+        else:
+            if t.threads:
+                torch.set_num_threads(t.threads)
+            prof = Profile(torch.get_num_threads(), False, cost=fit_cost(target.model))
+        log.info("start-up profile: %s", prof.describe())
+        return cls(target, drafts.factories, config, start_worker, cost=prof.cost, profile=prof)
 
     # Engine protocol
     @property

@@ -27,9 +27,10 @@ class TargetConfig(_Strict):
     max_context: int = Field(4096, ge=16)
     """Prompt plus output tokens allowed per request (capped by the model's own limit)."""
     threads: int | None = Field(None, ge=1)
-    """torch intra-op threads. None: torch's default (one per core)."""
-    pack_weights: bool = True
-    """On CPU in float32, lay matmul weights out for oneDNN (faster small-batch matmuls)."""
+    """torch intra-op threads. None: measured at start-up (every core, or one fewer if that is faster)."""
+    pack_weights: bool | Literal["auto"] = "auto"
+    """On CPU in float32, lay matmul weights out for oneDNN. "auto": time a decode step both ways at
+    start-up and keep the faster (the packing that wins on one CPU loses 1.4-1.6x on another)."""
 
 
 class NgramDraftConfig(_Strict):
@@ -82,11 +83,25 @@ class ModelDraftConfig(_Strict):
     """HF directory or .gguf file."""
 
 
+class EagleDraftConfig(_Strict):
+    """A trained EAGLE-style head that reads the target's hidden states (`specgate distill`)."""
+
+    kind: Literal["eagle"] = "eagle"
+    name: str = "eagle"
+    path: str | None = None
+    """Directory with draft.safetensors and card.json. None: the draft shipped for the default
+    target (SmolLM2-135M-Instruct), in engines/data/."""
+    min_confidence: float = Field(0.0, ge=0.0, le=1.0)
+    """Stop drafting once the draft's running confidence falls below this (the engine raises it under
+    load to what its step budget would verify; a request's decision may raise it further)."""
+
+
 # SmolLM2-135M (30 layers): skipping layers 12-16 kept the most acceptance among the
 # untrained subsets measured (first 8/15/22, every other, skip 10 or 5 middle ones).
 SELFSPEC_LAYERS = list(range(0, 12)) + list(range(17, 30))
 
-DraftConfig = Annotated[NgramDraftConfig | LayerDraftConfig | ModelDraftConfig, Field(discriminator="kind")]
+DraftConfig = Annotated[NgramDraftConfig | LayerDraftConfig | ModelDraftConfig | EagleDraftConfig,
+                        Field(discriminator="kind")]
 
 
 class EngineConfig(_Strict):
@@ -94,8 +109,12 @@ class EngineConfig(_Strict):
 
     target: TargetConfig = TargetConfig()
     drafts: list[DraftConfig] = Field(
-        default_factory=lambda: [NgramDraftConfig(), LayerDraftConfig(layers=SELFSPEC_LAYERS)])
+        default_factory=lambda: [NgramDraftConfig(), EagleDraftConfig(), LayerDraftConfig(layers=SELFSPEC_LAYERS)])
     """Drafts the engine can serve arms with; names must be unique and not 'plain'."""
+    adaptive: bool = True
+    """Adapt speculation inside the engine: per round, draft only what is likely to be accepted; per
+    step, verify only the draft tokens whose expected gain beats their cost at the batch's load
+    (engines/budget.py). False: every row verifies its full γ every round."""
     gamma_min: int = Field(1, ge=1)
     """Smallest speculation length a request may ask for."""
     gamma_max: int = Field(8, ge=1, le=32)

@@ -6,38 +6,75 @@ for that request (a model draft keeps a KV cache of its own per request).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from engines.config import EngineConfig, LayerDraftConfig, ModelDraftConfig, NgramDraftConfig, TargetConfig
-from engines.llama import LlamaModel, pack_for_cpu
-from engines.loading import LoadedModel, check_tokenizers_match, load_model
-from engines.proposers import ModelDraftProposer, NgramProposer, Proposer
+from engines.config import (
+    EagleDraftConfig,
+    EngineConfig,
+    LayerDraftConfig,
+    ModelDraftConfig,
+    NgramDraftConfig,
+    TargetConfig,
+)
+from engines.llama import LlamaModel, LlamaWeights
+from engines.loading import LoadedModel, check_tokenizers_match, fingerprint, load_model
+from engines.proposers import EagleDraft, EagleProposer, ModelDraftProposer, NgramProposer, Proposer
+from engines.proposers.eagle import load_draft
+
+log = logging.getLogger(__name__)
 
 ProposerFactory = Callable[[int], Proposer]  # KV capacity -> a fresh proposer for one request
+SHIPPED = Path(__file__).resolve().parent / "data" / "eagle-smollm2-135m-instruct"
 
 
-def should_pack(t: TargetConfig) -> bool:
+@dataclass
+class Drafts:
+    factories: dict[str, ProposerFactory]
+    weights: list[LlamaWeights] = field(default_factory=list)  # laid out like the target's (CPU packing)
+    eagles: list[EagleDraft] = field(default_factory=list)
+
+
+def may_pack(t: TargetConfig) -> bool:
     """oneDNN weight packing applies to float32 on CPU only."""
-    return t.pack_weights and t.device == "cpu" and t.dtype == "float32" and torch.backends.mkldnn.is_available()
+    return (t.pack_weights is not False and t.device == "cpu" and t.dtype == "float32"
+            and torch.backends.mkldnn.is_available())
 
 
-def build_drafts(config: EngineConfig, target: LoadedModel, cache_dir: Path) -> dict[str, ProposerFactory]:
-    """Refuses a draft whose tokenizer differs from the target's."""
+def build_drafts(config: EngineConfig, target: LoadedModel, cache_dir: Path) -> Drafts:
+    """Refuses a draft whose tokenizer differs from the target's, and a trained
+    draft made for another target."""
     t = config.target
-    drafts: dict[str, ProposerFactory] = {}
+    out = Drafts({})
+    target_print = None
     for d in config.drafts:
         if isinstance(d, NgramDraftConfig):
-            drafts[d.name] = (lambda cap, d=d: NgramProposer(d.min_n, d.max_n, t.device))
+            out.factories[d.name] = (lambda cap, d=d: NgramProposer(d.min_n, d.max_n, t.device))
         elif isinstance(d, LayerDraftConfig):
             sub = LlamaModel(target.model.cfg, target.model.weights, d.layer_ids(target.model.cfg.num_layers))
-            drafts[d.name] = (lambda cap, sub=sub: ModelDraftProposer(sub, cap))
+            out.factories[d.name] = (lambda cap, sub=sub: ModelDraftProposer(sub, cap))
         elif isinstance(d, ModelDraftConfig):
             loaded = load_model(d.path, getattr(torch, t.dtype), t.device, cache_dir)
             check_tokenizers_match(target.tokenizer, loaded.tokenizer, d.name)
-            if should_pack(t):
-                pack_for_cpu(loaded.model.weights)
-            drafts[d.name] = (lambda cap, m=loaded.model: ModelDraftProposer(m, cap))
-    return drafts
+            out.weights.append(loaded.model.weights)
+            out.factories[d.name] = (lambda cap, m=loaded.model: ModelDraftProposer(m, cap))
+        elif isinstance(d, EagleDraftConfig):
+            if d.path is None and t.path is not None:
+                raise ValueError(f"draft {d.name!r}: no draft ships for target {t.path}; train one with "
+                                 f"`specgate distill` and give its directory as path")
+            target_print = target_print or fingerprint(target)
+            tensors, vocab_ids, card = load_draft(d.path or SHIPPED, target_print)
+            eagle = EagleDraft(target.model, tensors, vocab_ids, tuple(card.get("feature_layers", (-1,))), d.name)
+            if out.eagles and out.eagles[0].feature_layers != eagle.feature_layers:
+                raise ValueError(f"draft {d.name!r} reads target layers {eagle.feature_layers}, another draft "
+                                 f"{out.eagles[0].feature_layers}: one engine serves drafts reading the same layers")
+            log.info("draft %s: %d-token head, trained %s; validation acceptance %s", d.name, vocab_ids.numel(),
+                     card.get("created", "?"), card.get("validation", {}).get("acceptance", "?"))
+            out.eagles.append(eagle)
+            out.weights.append(eagle.model.weights)
+            out.factories[d.name] = (lambda cap, e=eagle, d=d: EagleProposer(e, cap, d.min_confidence))
+    return out

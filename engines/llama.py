@@ -147,11 +147,24 @@ def pack_for_cpu(weights: LlamaWeights) -> None:
     because oneDNN's small-M kernels beat the BLAS path for 2..16 rows.
     """
     for lw in weights.layers:
-        for name in ("qkv", "o", "gate_up", "down"):
-            setattr(lw, name, getattr(lw, name).to_mkldnn())
-        if lw.qkv_bias is not None:
-            lw.qkv_bias = lw.qkv_bias.to_mkldnn()
-    weights.lm_head = weights.lm_head.to_mkldnn()
+        for name in ("qkv", "o", "gate_up", "down", "qkv_bias"):
+            t = getattr(lw, name)
+            if t is not None and not t.is_mkldnn:
+                setattr(lw, name, t.to_mkldnn())
+    if not weights.lm_head.is_mkldnn:
+        weights.lm_head = weights.lm_head.to_mkldnn()
+
+
+def unpack_for_cpu(weights: LlamaWeights) -> None:
+    """Back to dense tensors (what pack_for_cpu undoes); a tied head stays the embedding."""
+    for lw in weights.layers:
+        for name in ("qkv", "o", "gate_up", "down", "qkv_bias"):
+            t = getattr(lw, name)
+            if t is not None and t.is_mkldnn:
+                setattr(lw, name, t.to_dense())
+    if weights.lm_head.is_mkldnn:
+        dense = weights.lm_head.to_dense()
+        weights.lm_head = weights.embed if torch.equal(dense, weights.embed) else dense
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
@@ -220,16 +233,22 @@ class LlamaModel:
         return self.forward_many([(input_ids, cache, all_logits)])[0]
 
     @torch.inference_mode()
-    def forward_many(self, items: Sequence[tuple[torch.Tensor, KVCache, bool]]) -> list[torch.Tensor]:
+    def forward_many(self, items: Sequence[tuple[torch.Tensor, KVCache, bool]],
+                     hidden: bool | tuple[int, ...] = False):
         """One forward over several sequences, each with its own cache and its own
         number of new tokens (ragged: a decode step, a verification, a prefill chunk).
 
-        items: (input_ids [T_i], cache, all_logits). Appends each sequence's keys and
-        values after its valid prefix and advances it. The matmuls run once over all
-        N = sum(T_i) tokens, so weights are read once per step; attention runs per
-        sequence over its own cache. Returns logits [T_i, V], or [1, V] for the last
-        position only where all_logits is False (a prefill needs no more, and the
-        head is a fifth of a small model).
+        items: (inputs, cache, all_logits), inputs either token ids [T_i] or input
+        vectors [T_i, E] (a draft that builds its own inputs). Appends each
+        sequence's keys and values after its valid prefix and advances it. The
+        matmuls run once over all N = sum(T_i) tokens, so weights are read once per
+        step; attention runs per sequence over its own cache. Returns logits
+        [T_i, V], or [1, V] for the last position only where all_logits is False (a
+        prefill needs no more, and the head is a fifth of a small model). With
+        `hidden`, returns (logits, states): the final hidden states before the last
+        norm, [T_i, E] for every position of every item (what an EAGLE draft reads);
+        a tuple of layer indices instead gives the outputs of those layers side by
+        side, [T_i, E · len(layers)] (-1: the final state).
         """
         cfg = self.cfg
         H, Hk, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -256,8 +275,11 @@ class LlamaModel:
         sin = sins[0] if one else torch.cat(sins)
         N = ids.shape[0]
 
-        x = F.embedding(ids, self.weights.embed)  # [N, E]
+        x = ids if ids.is_floating_point() else F.embedding(ids, self.weights.embed)  # [N, E]
         eps = cfg.rms_norm_eps
+        last = len(self.layer_ids) - 1
+        capture = () if hidden is True or hidden is False else tuple(last if i == -1 else i for i in hidden)
+        captured: dict[int, torch.Tensor] = {}
         for slot, layer_id in enumerate(self.layer_ids):
             lw = self.weights.layers[layer_id]
             h = F.rms_norm(x, (cfg.hidden_size,), lw.attn_norm, eps)
@@ -293,6 +315,8 @@ class LlamaModel:
             h = F.rms_norm(x, (cfg.hidden_size,), lw.mlp_norm, eps)
             gate, up = linear(h, lw.gate_up).chunk(2, dim=-1)  # [N, I] each
             x = x + linear(F.silu(gate) * up, lw.down)
+            if slot in capture:
+                captured[slot] = x
         for _, _, end, _, cache in spans:
             cache.lengths[0] = end
         # the head only where logits are wanted
@@ -305,7 +329,11 @@ class LlamaModel:
         xs = x if sel is None else x[sel]
         xs = F.rms_norm(xs, (cfg.hidden_size,), self.weights.norm, eps)
         logits = linear(xs, self.weights.lm_head).float()  # [sum sizes, V]
-        return list(logits.split(sizes)) if not one else [logits]
+        logits = list(logits.split(sizes)) if not one else [logits]
+        if hidden is False:
+            return logits
+        states = x if not capture else torch.cat([captured[i] for i in capture], dim=-1)
+        return logits, list(states.split([t for t, *_ in spans]))
 
 
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

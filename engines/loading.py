@@ -7,6 +7,7 @@ memory pressure and a 3 s request can then take minutes.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -148,3 +149,24 @@ def check_tokenizers_match(target_tok, draft_tok, draft_name: str) -> None:
             f"draft {draft_name!r} does not share the target's tokenizer: "
             f"token id {i} is {a!r} for the target and {b!r} for the draft"
         )
+
+
+def fingerprint(loaded: LoadedModel) -> str:
+    """What identifies a target to its drafts: architecture, tokenizer and a hash
+    of its embedding, final norm and first and last layers (a draft trained for
+    another model, or another quantisation of this one, would not match)."""
+    m, w = loaded.model, loaded.model.weights
+    h = hashlib.sha256()
+    h.update(json.dumps(dataclasses.asdict(m.cfg), sort_keys=True).encode())
+    h.update(json.dumps(sorted(loaded.tokenizer.get_vocab().items())).encode())
+
+    def add(t: torch.Tensor) -> None:  # at bfloat16 precision: the same whether loaded in float32 or bfloat16
+        t = t.to_dense() if t.is_mkldnn else t
+        h.update(t.detach().to("cpu", torch.bfloat16).contiguous().view(torch.int16).numpy().tobytes())
+
+    add(w.embed)
+    add(w.norm)
+    for lw in (w.layers[0], w.layers[-1]):
+        for t in (lw.attn_norm, lw.qkv, lw.o, lw.mlp_norm, lw.gate_up, lw.down):
+            add(t)
+    return "sha256:" + h.hexdigest()[:32]

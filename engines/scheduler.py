@@ -1,12 +1,13 @@
 """Iteration-level (continuous) batching of plain and speculative requests.
 
-Every step runs ONE target forward over all running sequences: a plain
-sequence feeds its last token, a speculative one its last token plus its
-drafts (each row its own γ and, after verification, its own number of accepted
-tokens, ragged), and a sequence still in prefill feeds a chunk of its prompt
-(bounded per step, so a long prompt never stalls the others). Requests join and
-leave between steps. Model drafts that share a model draft together, one
-batched forward per draft position.
+Every step runs ONE target forward over all running sequences: a plain row
+feeds its last token, a speculative one its last token plus the drafts the
+step's budget admits (engines/budget.py: each row its own number, ragged), and
+a row still in prefill feeds a chunk of its prompt (bounded per step, so a
+long prompt never stalls the others). Requests join and leave between steps.
+Drafts that share a model draft together (one batched forward per draft
+position). Drafts that read the target's hidden states get them after every
+forward, for exactly the positions the target committed.
 
 Admission: a request is admitted (FIFO, the head first: no starvation) when its
 KV reservation (prompt + max_tokens + γ_max + 1 positions) fits the budget.
@@ -22,12 +23,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engines import budget
 from engines.api import GenerationResult, GenerationStats, SamplingParams, TokenDelta
 from engines.decode import draft_budget, record_round, rollback, sample_token, settle, verification_input, verify
 from engines.errors import Cancelled, EngineError
 from engines.llama import KVCache, LlamaModel
-from engines.proposers import ModelDraftProposer, Proposal
-from engines.proposers.model_draft import propose_many
+from engines.proposers import Proposal
 from engines.text import IncrementalText
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,8 @@ class Running:
 
     handle: object  # BuiltinHandle
     sampling: SamplingParams
-    gamma: int
+    gamma: int  # γ_max: the most tokens drafted per round
+    draft: str | None
     tokens: list[int]  # prompt + output so far
     prompt_len: int
     cache: KVCache
@@ -49,6 +51,9 @@ class Running:
     text: IncrementalText
     started: float
     reserved: int  # KV positions reserved at admission
+    min_confidence: float = 0.0
+    fixed: bool = False  # verify the full γ every round (no adaptation)
+    acceptance: budget.AcceptanceEstimate = field(default_factory=budget.AcceptanceEstimate)
     prefilled: int = 0
     out_ids: list[int] = field(default_factory=list)
     finish: str | None = None  # stop, length, cancelled, error
@@ -59,17 +64,33 @@ class Running:
         return len(self.out_ids)
 
 
+@dataclass
+class Plan:
+    """What one row feeds this step."""
+
+    kind: str  # prefill | verify | decode
+    row: Running
+    take: int = 0  # prefill tokens, or drafts verified
+    proposal: Proposal | None = None
+    drafted: int = 0
+
+
 class Scheduler:
     def __init__(self, model: LlamaModel, tokenizer, eos_ids: frozenset[int], drafts: dict, gamma_max: int,
-                 kv_budget_tokens: int, max_batch: int, prefill_chunk: int):
+                 kv_budget_tokens: int, max_batch: int, prefill_chunk: int, cost: budget.StepCost | None = None,
+                 adaptive: bool = True):
         self.model, self.tokenizer, self.eos_ids = model, tokenizer, eos_ids
         self.drafts, self.gamma_max = drafts, gamma_max
         self.kv_budget, self.max_batch, self.prefill_chunk = kv_budget_tokens, max_batch, prefill_chunk
+        self.cost = cost or budget.StepCost()
+        self.adaptive = adaptive  # False: verify every drafted token (fixed γ, the pre-budget behaviour)
+        self.calibration = budget.Calibration()
         self.waiting: deque = deque()  # handles, FIFO
         self.running: list[Running] = []
         self.kv_used = 0
         self.last_step_tokens = 0
         self.step_s = 0.0
+        self._threshold = 0.0  # the last step's admission threshold: what drafting aims at
 
     # admission
     def reservation(self, handle) -> int:
@@ -97,9 +118,10 @@ class Scheduler:
                                 queue_s=now - handle.enqueued_at)
         cache = self.model.new_cache(reserved)
         proposer = self.drafts[req.arm.draft](reserved) if not req.arm.is_plain else None
-        return Running(handle, sp, req.arm.gamma, list(handle.prompt_ids), len(handle.prompt_ids), cache, proposer,
-                       torch.Generator(device=self.model.device).manual_seed(seed), stats,
-                       IncrementalText(self.tokenizer, sp.stop), now, reserved)
+        return Running(handle, sp, req.arm.gamma, req.arm.draft, list(handle.prompt_ids), len(handle.prompt_ids),
+                       cache, proposer, torch.Generator(device=self.model.device).manual_seed(seed), stats,
+                       IncrementalText(self.tokenizer, sp.stop), now, reserved, req.min_confidence,
+                       req.fixed_gamma or not self.adaptive)
 
     # one step
     def step(self) -> None:
@@ -109,80 +131,152 @@ class Scheduler:
             if r.handle.cancelled:
                 r.finish = "cancelled"
         self._retire()
-        plans, items = [], []
-        prefill_left = self.prefill_chunk
-        decoding = [r for r in self.running if r.prefilled == r.prompt_len]
+        decoding = [r for r in self.running if r.prefilled == r.prompt_len and r.finish is None]
         proposals = self._propose(decoding)
         t1 = time.perf_counter()
+        plans = self._plan(proposals)
+        if not plans:
+            return
+        items = [self._item(p) for p in plans]
+        layers = {p.row.proposer.needs_states for p in plans if p.row.proposer is not None
+                  and p.row.proposer.needs_states}
+        if len(layers) > 1:
+            raise ValueError(f"drafts reading different target layers in one engine: {sorted(layers)}")
+        if layers:
+            outs, states = self.model.forward_many(items, hidden=layers.pop())
+        else:
+            outs, states = self.model.forward_many(items), [None] * len(items)
+        t2 = time.perf_counter()
+        for plan, logits, st in zip(plans, outs, states):
+            self._apply(plan, logits, st, t0, t1, t2)
+        tokens, rows = sum(it[0].shape[0] for it in items), len(items)
+        self.cost.observe(tokens, rows, t2 - t1)
+        self.last_step_tokens = tokens
+        self.step_s = 0.8 * self.step_s + 0.2 * (time.perf_counter() - t0) if self.step_s else time.perf_counter() - t0
+        self._retire()
+
+    def _plan(self, proposals: dict[int, Proposal]) -> list[Plan]:
+        """Prefill chunks, then the verification budget over the decoding rows."""
+        plans: list[Plan] = []
+        prefill_left = self.prefill_chunk
+        base_tokens = 0
+        spec: list[Plan] = []
         for r in self.running:
             if r.finish is not None:
                 continue
             if r.prefilled < r.prompt_len:
                 take = min(prefill_left, r.prompt_len - r.prefilled)
-                if take <= 0:
-                    continue  # its turn comes next step
-                prefill_left -= take
-                ids = torch.tensor(r.tokens[r.prefilled:r.prefilled + take], device=self.model.device)
-                plans.append(("prefill", r, take))
-                items.append((ids, r.cache, False))
-            elif (p := proposals.get(id(r))) is not None and p.token_ids.numel():
-                plans.append(("verify", r, p))
-                items.append((verification_input(r.tokens[-1], p.token_ids), r.cache, True))
-            else:
-                plans.append(("decode", r, None))
-                items.append((torch.tensor([r.tokens[-1]], device=self.model.device), r.cache, False))
-        if not items:
-            return
-        outs = self.model.forward_many(items)
-        t2 = time.perf_counter()
-        for (kind, r, extra), logits in zip(plans, outs):
-            if kind == "prefill":
-                r.prefilled += extra
-                if r.prefilled == r.prompt_len:
-                    r.stats.prefill_s = t2 - r.started
-                    self._emit(r, [sample_token(logits, r.sampling, r.generator)], t2)
+                if take > 0:  # else its turn comes next step
+                    prefill_left -= take
+                    plans.append(Plan("prefill", r, take))
+                    base_tokens += take
                 continue
-            if kind == "verify":
-                k = int(extra.token_ids.numel())
-                n, emitted = verify(logits, extra, r.sampling, r.generator)
-                rollback(r.cache, k, n)
-                r.proposer.observe(n)
-                record_round(r.stats, k, n, t1 - t0, t2 - t1)
-            else:
-                emitted = [sample_token(logits, r.sampling, r.generator)]
-                record_round(r.stats, None if r.proposer is None else 0, 0, t1 - t0, t2 - t1)
-            self._emit(r, emitted, t2)
-        self.last_step_tokens = sum(it[0].shape[0] for it in items)
-        self.step_s = 0.8 * self.step_s + 0.2 * (time.perf_counter() - t0) if self.step_s else time.perf_counter() - t0
-        self._retire()
+            p = proposals.get(id(r))
+            plan = Plan("decode", r, 0, p, 0 if p is None else int(p.token_ids.numel()))
+            plans.append(plan)
+            base_tokens += 1
+            if plan.drafted:
+                spec.append(plan)
+        emitted = len(plans) - sum(p.kind == "prefill" for p in plans)
+        fixed = [p for p in spec if p.row.fixed]  # verified whole, whatever the load
+        adapt = [p for p in spec if not p.row.fixed]
+        for p in fixed:
+            p.kind, p.take = "verify", p.drafted
+            base_tokens += p.drafted
+            emitted += sum(self._survival(p))
+        if adapt:
+            takes = budget.admit([self._survival(p) for p in adapt], base_tokens, round(emitted), self.cost,
+                                 len(plans))
+            for p, k in zip(adapt, takes):
+                if k > 0:
+                    p.kind, p.take, p.proposal = "verify", k, p.proposal.truncate(k)
+        self._threshold = budget.threshold(self.cost, base_tokens, len(plans), round(emitted))
+        return plans
+
+    def _survival(self, p: Plan) -> list[float]:
+        """Expected tokens added by verifying each prefix of a row's drafts."""
+        prop = p.proposal
+        if prop.confidence is not None:
+            est = self.calibration.estimate((p.row.draft, p.row.sampling.temperature == 0), prop.confidence)
+        else:
+            est = torch.full((p.drafted,), p.row.acceptance.value)
+        return budget.survival(est)
+
+    def _item(self, p: Plan) -> tuple[torch.Tensor, KVCache, bool]:
+        r, device = p.row, self.model.device
+        if p.kind == "prefill":
+            return torch.tensor(r.tokens[r.prefilled:r.prefilled + p.take], device=device), r.cache, False
+        if p.kind == "verify":
+            return verification_input(r.tokens[-1], p.proposal.token_ids), r.cache, True
+        return torch.tensor([r.tokens[-1]], device=device), r.cache, False
+
+    def _apply(self, p: Plan, logits: torch.Tensor, states: torch.Tensor | None, t0, t1, t2) -> None:
+        r = p.row
+        wants_states = r.proposer is not None and r.proposer.needs_states
+        if p.kind == "prefill":
+            r.prefilled += p.take
+            if wants_states:
+                r.proposer.observe_states(states)
+            if r.prefilled == r.prompt_len:
+                r.stats.prefill_s = t2 - r.started
+                self._emit(r, [sample_token(logits, r.sampling, r.generator)], t2)
+            return
+        if p.kind == "verify":
+            k = p.take
+            n, emitted = verify(logits, p.proposal, r.sampling, r.generator)
+            rollback(r.cache, k, n)
+            if wants_states:
+                r.proposer.observe_states(states[: n + 1])  # the last token and the accepted drafts
+            if p.proposal.confidence is not None:
+                self.calibration.observe((r.draft, r.sampling.temperature == 0), p.proposal.confidence, n)
+        else:
+            k, n = 0, 0
+            emitted = [sample_token(logits, r.sampling, r.generator)]
+            if wants_states:
+                r.proposer.observe_states(states)
+        if r.proposer is not None:
+            r.proposer.observe(k, n)
+            r.acceptance.observe(k, n)
+            r.stats.verified_per_round.append(k)
+        record_round(r.stats, None if r.proposer is None else p.drafted, n, t1 - t0, t2 - t1)
+        self._emit(r, emitted, t2)
 
     def _propose(self, decoding: list[Running]) -> dict[int, Proposal]:
-        """Drafts for every speculative sequence; model drafts sharing a model batch."""
+        """Drafts for every speculative row; proposers sharing a batch key draft together."""
         out: dict[int, Proposal] = {}
-        by_model: dict[int, list] = {}
+        groups: dict[int, list] = {}
         for r in decoding:
             if r.proposer is None:
                 continue
             k = draft_budget(r.gamma, r.produced, r.sampling.max_tokens, r.cache)
             if k <= 0:
                 continue
-            if isinstance(r.proposer, ModelDraftProposer):
-                by_model.setdefault(id(r.proposer.model), []).append((r, k))
+            if not r.fixed:
+                if r.proposer.drafting_costs and r.acceptance.value < self._threshold:
+                    continue  # too unlikely to pay at this load: a plain round (its estimate drifts back)
+                # a model draft stops where its tokens would not be worth verifying (the last step's threshold)
+                r.proposer.min_confidence = max(r.min_confidence, self._threshold)
+            else:
+                r.proposer.min_confidence = r.min_confidence
+            key = r.proposer.batch_key
+            if key is None:
+                try:
+                    out[id(r)] = r.proposer.propose(r.tokens, k, r.sampling, r.generator)
+                except Exception as e:  # noqa: BLE001 - one broken proposer fails its own request only
+                    self._fail(r, e)
                 continue
+            groups.setdefault(id(key), []).append((r, k))
+        for group in groups.values():
+            proposer = group[0][0].proposer
             try:
-                out[id(r)] = r.proposer.propose(r.tokens, k, r.sampling, r.generator)
-            except Exception as e:  # noqa: BLE001 - one broken proposer fails its own request only
-                self._fail(r, e)
-        for group in by_model.values():
-            model = group[0][0].proposer.model
-            try:
-                props = propose_many(model, [(r.proposer, r.tokens, k, r.sampling, r.generator) for r, k in group])
+                props = type(proposer).propose_batch([(r.proposer, r.tokens, k, r.sampling, r.generator)
+                                                      for r, k in group])
             except Exception as e:  # noqa: BLE001
                 for r, _ in group:
                     self._fail(r, e)
                 continue
             out.update((id(r), p) for (r, _), p in zip(group, props))
-        return out
+        return {i: p for i, p in out.items() if p.token_ids.numel()}
 
     def _fail(self, r: Running, e: BaseException) -> None:
         log.error("request %s failed: %s", r.handle.request_id, e, exc_info=e)
@@ -229,3 +323,4 @@ class Scheduler:
             self.kv_used -= r.reserved
             r.handle.finish(None, error)
         self.running = []
+

@@ -151,6 +151,7 @@ def build_app(config: GatewayConfig, engine=None, endpoints: list | None = None,
         service = GatewayService(router, policy, telemetry.sink, telemetry.instrumentation, telemetry.acceptance,
                                  max_concurrent=config.max_concurrent_streams,
                                  include_prompt=config.telemetry.include_prompt)
+        telemetry.instrumentation.watch(lambda: {e.id: e.load() for e in router.endpoints}, lambda: service.active)
         return App(config, service, keys, telemetry, closers)
     except BaseException:
         for close in reversed(closers):  # a refused start leaves nothing behind (no orphaned redis-server)

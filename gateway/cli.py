@@ -23,9 +23,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
                                      "SERVING (container probe; needs no API key)"),
     "retrain": ("telemetry.cmd_retrain", "learn policy models from the outcome stream; promote the better ones"),
     "rollback": ("telemetry.cmd_rollback", "make an earlier policy model version live again"),
+    "report": ("telemetry.cmd_report", "does it pay? outcomes per category and arm, predicted against realised"),
     "rules": ("policy.cmd_rules", "validate operator rules, or explain which rule a request hits"),
     "policy": ("policy.cmd_policy", "train the prompt category classifier"),
     "engine-generate": ("engines.cmd_generate", "generate with the built-in engine in this process"),
+    "distill": ("engines.cmd_distill", "train a draft for the target (EAGLE-style head) and write it with its card"),
     "bench": ("bench.specbench.cli", "end to end on Spec-Bench: fixed arms, adaptive, the oracle, the learning "
                                      "curve; JSON, Markdown and plots"),
     "bench-engine": ("bench.engine", "every arm against plain and HF generate on Spec-Bench prompts"),
@@ -33,7 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench-gateway": ("bench.gateway", "gateway added latency and echo-engine throughput"),
     "bench-policy": ("bench.policy", "decision latency (features with classifier, plus decide)"),
     "bench-telemetry": ("bench.telemetry", "retraining time, publish-to-live latency, outcome write cost"),
-    "bench-chaos": ("bench.chaos", "fault and load drill: saturation, malformed input, Redis and worker kills, SIGTERM"),
+    "bench-chaos": ("bench.chaos", "fault and load drill: saturation, bad input, Redis and worker kills, SIGTERM"),
 }
 
 

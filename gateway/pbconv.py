@@ -3,6 +3,8 @@ the internal engine API's (engine worker and its client)."""
 
 from __future__ import annotations
 
+import math
+
 from engines.api import ChatMessage, GenerationRequest, GenerationResult, GenerationStats, SamplingParams
 from engines.arms import Arm, ArmMenu
 from gateway.context import CallInfo
@@ -31,7 +33,7 @@ def decision_pb(d: Decision) -> pb.Decision:
         arm=d.arm.name, speculative=not d.arm.is_plain, draft=d.arm.draft or "", gamma=d.arm.gamma,
         source=d.source, rule=d.rule or "", policy_version=d.policy_version, rules_version=d.rules_version,
         predicted_speedup=d.predicted_speedup.get(d.arm.name, 1.0), predicted_speedups=d.predicted_speedup,
-        propensity=d.propensity, explored=d.explored, reason=d.reason)
+        propensity=d.propensity, explored=d.explored, reason=d.reason, min_confidence=d.min_confidence)
 
 
 def response_pb(request_id: str, result: GenerationResult, decision: Decision, engine: str, queue_s: float,
@@ -72,7 +74,8 @@ def engine_request_pb(r: GenerationRequest) -> pb.EngineGenerateRequest:
                                stop=list(s.stop))
     if s.seed is not None:
         inner.seed = s.seed
-    return pb.EngineGenerateRequest(request_id=r.request_id, request=inner, arm=r.arm.name)
+    return pb.EngineGenerateRequest(request_id=r.request_id, request=inner, arm=r.arm.name,
+                                    min_confidence=r.min_confidence)
 
 
 def engine_request_from_pb(request: pb.EngineGenerateRequest) -> GenerationRequest:
@@ -80,6 +83,7 @@ def engine_request_from_pb(request: pb.EngineGenerateRequest) -> GenerationReque
     return GenerationRequest(
         request_id=request.request_id, prompt=r.prompt or None,
         messages=tuple(ChatMessage(m.role, m.content) for m in r.messages), arm=Arm.parse(request.arm),
+        min_confidence=min(max(request.min_confidence, 0.0), 1.0) if math.isfinite(request.min_confidence) else 0.0,
         sampling=SamplingParams(max_tokens=r.max_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                 seed=_opt(r, "seed"), stop=tuple(r.stop)))
 

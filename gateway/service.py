@@ -71,7 +71,8 @@ class GatewayService:
             top_p=req.sampling.top_p, max_tokens=req.sampling.max_tokens, classifier=self.policy.classifier,
             model=self.policy.model, category_hint=req.hints.category,
             expected_length_hint=req.hints.expected_output_tokens, running=load.running, waiting=load.waiting,
-            tokens_per_step=load.tokens_per_step, tenant=req.tenant, requested_arm=req.hints.requested_arm)
+            tokens_per_step=load.tokens_per_step, tenant=req.tenant, requested_arm=req.hints.requested_arm,
+            turns=max(1, len(req.messages)))
         if self.acceptance is not None:  # the category is known only after classification
             f = dataclasses.replace(f, rolling_acceptance=self.acceptance.lookup(req.tenant, f.category))
         return f
@@ -156,7 +157,8 @@ class GatewayService:
                                                                       f"engine: {route.arm.name}")
             ep = route.endpoint
             engine_req = GenerationRequest(request_id=req.request_id, sampling=req.sampling, prompt=req.prompt,
-                                           messages=req.messages, arm=route.arm)
+                                           messages=req.messages, arm=route.arm,
+                                           min_confidence=decision.min_confidence)
             perf0, wall0 = now_refs()
             self.router.track(ep.id, +1)
             gspan = tracer.start_span("specgate.engine_generation", context=parent,

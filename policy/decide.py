@@ -1,19 +1,30 @@
 """The decision: which arm serves a request, and why. A pure function: same
-features, rules, model and rng state give the same decision."""
+features, rules, model and rng state give the same decision.
+
+Rules bound the choice (or force it); the model predicts every allowed arm's
+speedup; Thompson sampling over the arms predicted within EXPLORE_FLOOR of the
+best explores where the model is unsure (its posterior narrows with evidence,
+so exploration anneals by itself); the propensity of the chosen arm is logged
+for offline evaluation."""
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from engines.arms import Arm, ArmMenu
 from engines.errors import InvalidRequest
 from policy.features import RequestFeatures
-from policy.model import PolicyModel, prior_model
+from policy.model import PolicyModel, acceptance_features, prior_model, sigmoid, speedups_at
 from policy.rules import RuleSet, Then
 
 SOURCES = ("rule", "policy", "exploration", "fallback", "request")
 EXPLORE_FLOOR = 0.75  # explored arms are predicted at least this share of the best arm's speedup
+THOMPSON_DRAWS = 64
+# Fixed standard-normal draws (one column per draft): a decision picks one row at random.
+_DRAWS = np.random.default_rng(20261130).standard_normal((THOMPSON_DRAWS, 8))
 
 
 @dataclass(frozen=True)
@@ -27,12 +38,13 @@ class Decision:
     propensity: float = 1.0  # probability that this arm was chosen, for offline evaluation
     explored: bool = False
     reason: str = ""
+    min_confidence: float = 0.0  # for model drafts: stop drafting below this running confidence
 
     def to_dict(self) -> dict:
         return dict(arm=self.arm.name, draft=self.arm.draft, gamma=self.arm.gamma, source=self.source,
                     rule=self.rule, policy_version=self.policy_version, rules_version=self.rules_version,
                     predicted_speedup=self.predicted_speedup, propensity=self.propensity,
-                    explored=self.explored, reason=self.reason)
+                    explored=self.explored, reason=self.reason, min_confidence=self.min_confidence)
 
     @staticmethod
     def from_dict(d: dict) -> Decision:
@@ -40,7 +52,7 @@ class Decision:
                         policy_version=str(d.get("policy_version", "")), rules_version=str(d.get("rules_version", "")),
                         predicted_speedup={str(k): float(v) for k, v in (d.get("predicted_speedup") or {}).items()},
                         propensity=float(d.get("propensity") or 0.0), explored=bool(d.get("explored", False)),
-                        reason=str(d.get("reason", "")))
+                        reason=str(d.get("reason", "")), min_confidence=float(d.get("min_confidence") or 0.0))
 
 
 def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None, rng: random.Random,
@@ -72,28 +84,29 @@ def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None,
             "no draft is served" if not arms.drafts else f"{where} allows no draft")
         return Decision(Arm(), "fallback" if not arms.drafts else "rule", reason=f"plain: {why}", **base)
 
-    speed = {"plain": 1.0}
+    # the model's mean prediction for every candidate, and the uncertainty of each draft's acceptance
+    x = acceptance_features(features)
     by_draft: dict[str, list[int]] = {}
     for a in candidates[1:]:
         by_draft.setdefault(a.draft, []).append(a.gamma)
+    logits = {d: model.draft(d).logit(x) for d in by_draft}
+    speed = {"plain": 1.0}
     for d, gammas in by_draft.items():
-        for g, s in zip(gammas, model.speedups(features, d, gammas)):
+        for g, s in zip(gammas, speedups_at(model.draft(d), sigmoid(logits[d][0]), features, gammas)):
             speed[f"{d}:{g}"] = round(s, 4)
     # ties go to the earlier (cheaper) candidate: plain, then smaller γ
     best = candidates[max(range(len(candidates)), key=lambda i: (speed[candidates[i].name], -i))]
 
-    eps = then.explore if then.explore is not None else model.explore
-    # Safe exploration: only arms predicted within EXPLORE_FLOOR of the best. A wild
-    # arm costs more than its own request: under load one slow model-drafted
-    # sequence holds back every sequence batched with it.
-    floor = EXPLORE_FLOOR * speed[best.name]
-    pool = [a for a in candidates if speed[a.name] >= floor]
-    n = len(pool)
-    if rng.random() < eps:
-        chosen = pool[rng.randrange(n)]
-    else:
-        chosen = best
-    propensity = (1 - eps) * (chosen == best) + eps / n
+    # Thompson sampling among the safe arms: those predicted within EXPLORE_FLOOR of
+    # the best. A wild arm costs more than its own request: under load one slow
+    # model-drafted sequence holds back every sequence batched with it.
+    strength = then.explore if then.explore is not None else model.explore
+    pool = [a for a in candidates if speed[a.name] >= EXPLORE_FLOOR * speed[best.name]]
+    chosen, propensity = best, 1.0
+    if strength > 0 and len(pool) > 1:
+        wins = _thompson(features, model, pool, by_draft, logits, strength)
+        chosen = pool[int(wins[rng.randrange(len(wins))])]  # a draw at random decides...
+        propensity = float((wins == pool.index(chosen)).mean())  # ...so its propensity is exact
     explored = chosen != best
     ctx = (f"{features.category}, T={features.temperature:g}, ~{features.expected_output_tokens} tokens, "
            f"load {features.load}")
@@ -108,6 +121,39 @@ def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None,
         reason += f"; guard excluded {sorted(guarded)}"
     return Decision(chosen, "exploration" if explored else "policy", predicted_speedup=speed,
                     propensity=round(propensity, 6), explored=explored, reason=reason, **base)
+
+
+def _thompson(f: RequestFeatures, model: PolicyModel, pool: list[Arm], by_draft: dict[str, list[int]],
+              logits: dict[str, tuple[float, float]], strength: float) -> np.ndarray:
+    """Index in `pool` of the best arm under each of a fixed set of draws of every
+    draft's acceptance from its posterior (standard deviation scaled by
+    `strength`). The decision takes one of these draws at random, so the share
+    of draws an arm wins is exactly its probability of being chosen."""
+    col = {a: i for i, a in enumerate(pool)}
+    speeds = np.ones((THOMPSON_DRAWS, len(pool)))  # plain's column stays 1
+    for j, (d, gammas) in enumerate(sorted(by_draft.items())):
+        in_pool = [gm for gm in gammas if Arm(d, gm) in col]
+        if not in_pool:
+            continue
+        m = model.draft(d)
+        mean, sd = logits[d]
+        z = _DRAWS[:, j % _DRAWS.shape[1]]
+        alpha = 1.0 / (1.0 + np.exp(-np.clip(mean + strength * sd * z, -30, 30)))
+        table = speed_table(m, alpha, f, max(in_pool))  # [draws, γ_max]: best over k ≤ γ
+        for gm in in_pool:
+            speeds[:, col[Arm(d, gm)]] = table[:, gm - 1]
+    return speeds.argmax(axis=1)
+
+
+def speed_table(m, alpha: np.ndarray, f: RequestFeatures, gamma_max: int) -> np.ndarray:
+    """Vectorised speedups_at: [draws, γ_max], entry [i, γ-1] = max over k ≤ γ."""
+    L = max(f.expected_output_tokens, 1)
+    k = np.arange(1, gamma_max + 1)
+    a = np.clip(alpha, 0.0, 1.0 - 1e-9)[:, None]
+    tau = (1.0 - a ** (k + 1)) / (1.0 - a)
+    cost = np.array([m.round_cost(int(j), f.load) for j in k])
+    speed = L / (L * cost / tau + m.overhead(f))
+    return np.maximum.accumulate(speed, axis=1)
 
 
 def _guarded_drafts(f: RequestFeatures, then: Then, rng: random.Random) -> set[str]:

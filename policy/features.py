@@ -1,4 +1,18 @@
-"""What the policy knows about a request when it decides."""
+"""What the policy knows about a request when it decides.
+
+Per request, not only per category, and cheap (a bounded sample of the prompt,
+no tokenizer): the category (hint, else the classifier), sampling shape,
+lengths, the live load, and signals of how the answer will relate to the
+prompt:
+
+    copy_signal    instructions that ask to reuse the prompt's text (summarise,
+                   extract, rewrite, fix this code ...) and how much there is to copy
+    repetition     how much the prompt repeats itself (its word trigrams seen twice)
+    code           how much it looks like code (fences, symbols, keywords)
+    non_ascii      the share of letters outside ASCII (script, language)
+    turns          chat messages in the request
+    length_ratio   max_tokens over what answers in this category usually take
+"""
 
 from __future__ import annotations
 
@@ -13,6 +27,9 @@ _COPY_CUES = re.compile(
     r"from the (?:text|passage|article|document)|the following)\b",
     re.IGNORECASE,
 )
+_CODE = re.compile(r"```|\bdef |\bclass |\breturn\b|\bimport |[{};]|==|=>|->|\bfunction\b|\bprint\(")
+_WORD = re.compile(r"\w+")
+SAMPLE_CHARS = 1500  # what the features look at: the head and the tail of long prompts
 
 
 @dataclass(frozen=True)
@@ -28,8 +45,13 @@ class RequestFeatures:
     tokens_per_step: float = 0.0
     tenant: str = ""
     requested_arm: str | None = None
-    # draft name -> (rolling acceptance, samples) for this category, for the acceptance guard
-    rolling_acceptance: dict[str, tuple[float, int]] = field(default_factory=dict)
+    # draft name -> (rolling acceptance, rounds of evidence) for this tenant and category, for the guard
+    rolling_acceptance: dict[str, tuple[float, float]] = field(default_factory=dict)
+    repetition: float = 0.0  # 0..1
+    code: float = 0.0  # 0..1
+    non_ascii: float = 0.0  # 0..1
+    turns: int = 1
+    length_ratio: float = 1.0  # max_tokens / the category's typical output length
 
     @property
     def load(self) -> int:
@@ -52,9 +74,15 @@ class RequestFeatures:
         return RequestFeatures(**known)
 
 
+def sample(text: str) -> str:
+    """The head and the tail of long prompts (instructions sit at one of them)."""
+    if len(text) <= SAMPLE_CHARS:
+        return text
+    return text[: 2 * SAMPLE_CHARS // 3] + "\n" + text[-SAMPLE_CHARS // 3:]
+
+
 def copy_signal(text: str) -> float:
     """0..1 from copy cues and from how much a long prompt gives to copy from."""
-    # the cues sit in the instruction, at the start or the end of the prompt
     head = text if len(text) <= 700 else text[:400] + " " + text[-300:]
     cues = len(_COPY_CUES.findall(head))
     quoted = text.count('"') + text.count("\n") + text.count("“")
@@ -62,19 +90,38 @@ def copy_signal(text: str) -> float:
     return min(1.0, 0.35 * min(cues, 2) + 0.2 * size + 0.1 * min(quoted / 10, 1.0))
 
 
+def text_signals(text: str) -> tuple[float, float, float]:
+    """(repetition, code, non_ascii) of a prompt, from a bounded sample of it."""
+    s = sample(text)
+    words = _WORD.findall(s.lower())
+    if len(words) >= 6:
+        grams = list(zip(words, words[1:], words[2:]))
+        repetition = 1.0 - len(set(grams)) / len(grams)
+    else:
+        repetition = 0.0
+    code = min(1.0, len(_CODE.findall(s)) / max(len(s) / 40, 1.0))
+    letters = sum(ch.isalpha() for ch in s)
+    non_ascii = sum(ch.isalpha() and not ch.isascii() for ch in s) / letters if letters else 0.0
+    return round(repetition, 4), round(code, 4), round(non_ascii, 4)
+
+
 def build_features(text: str, *, prompt_tokens: int, temperature: float, top_p: float, max_tokens: int,
                    classifier, model, category_hint: str | None = None, expected_length_hint: int | None = None,
                    running: int = 0, waiting: int = 0, tokens_per_step: float = 0.0, tenant: str = "",
-                   requested_arm: str | None = None,
-                   rolling_acceptance: dict[str, tuple[float, int]] | None = None) -> RequestFeatures:
+                   requested_arm: str | None = None, turns: int = 1,
+                   rolling_acceptance: dict[str, tuple[float, float]] | None = None) -> RequestFeatures:
     """Everything the policy needs, from the request, its hints and the live load.
     `classifier` runs only when the request gives no category hint."""
     category = category_hint or classifier.predict(text)
+    repetition, code, non_ascii = text_signals(text)
+    typical = model.output_tokens.get(category) or 0
     return RequestFeatures(
         category=category, temperature=temperature, top_p=top_p, prompt_tokens=prompt_tokens,
         expected_output_tokens=model.expected_output_tokens(category, max_tokens, expected_length_hint),
         copy_signal=copy_signal(text), running=running, waiting=waiting, tokens_per_step=tokens_per_step,
         tenant=tenant, requested_arm=requested_arm, rolling_acceptance=rolling_acceptance or {},
+        repetition=repetition, code=code, non_ascii=non_ascii, turns=turns,
+        length_ratio=round(max_tokens / typical, 3) if typical else 1.0,
     )
 
 

@@ -1,19 +1,23 @@
-"""The arm chooser's model: predicted speedup of every arm for a request.
+"""The arm chooser's model: predicted speedup of every arm for a request, with
+its uncertainty.
 
-Structure (it generalises to γ values seldom tried):
-    α(draft, context)       acceptance per drafted token, a linear model on the
-                            logit scale over category, temperature, top_p,
-                            copy signal and prompt length;
-    c(draft, γ, load)       cost of one round in plain decode steps, linear in
-                            γ, load and γ·load (at high load verification
-                            competes for compute that is already saturated);
-    τ(α, γ) = (1 − α^(γ+1)) / (1 − α)   expected tokens per round;
-    speedup = L / (L · c / τ + o(draft, prompt))   for L expected output tokens,
-                            with o the draft's one-off cost (e.g. a model draft
-                            prefilling the prompt), so short answers stay plain.
+Structure (it generalises to drafts, γ bounds and loads seldom tried):
+    α(draft | x)        per-token acceptance: a logistic regression over the
+                        request's features (category and its interaction with
+                        temperature, sampling shape, copy cues, repetition,
+                        code, script, turns, lengths), with the Laplace
+                        posterior covariance of its coefficients: the
+                        uncertainty that drives exploration;
+    c(draft, k, load)   cost of a round that verifies k drafted tokens, in
+                        plain decode steps: 1 + a + b·k + e·k·load (at high load
+                        verification competes for compute already saturated);
+    τ(α, k) = (1 − α^(k+1)) / (1 − α)   expected tokens per round;
+    speedup(draft, γ)   = max over k ≤ γ of L / (L · c / τ + o): the engine
+                        adapts k per round within the bound γ (engines/budget.py),
+                        o is the draft's one-off cost per request (e.g. a model
+                        draft reading the prompt), so short answers stay plain.
 
-Plain decoding is 1.0 by definition. With no telemetry the prior below applies:
-it already avoids speculation at high temperature, high load and short outputs.
+Plain decoding is 1.0 by definition. With no telemetry the prior below applies.
 Stored as JSON: coefficients only, nothing executable.
 """
 
@@ -28,7 +32,11 @@ import numpy as np
 from policy.classifier import CATEGORIES
 from policy.features import RequestFeatures
 
-FORMAT = "specgate.policy_model.v1"
+FORMAT = "specgate.policy_model.v2"
+N_CATEGORIES = len(CATEGORIES)
+N_FEATURES = 2 * N_CATEGORIES + 11  # see acceptance_features; the last one is the intercept
+_CAT_INDEX = {c: i for i, c in enumerate(CATEGORIES)}
+PRIOR_LOGIT_SD = 1.0  # cold start: how unsure the prior is of its acceptance (logit scale)
 
 
 def expected_tokens_per_round(alpha: float, gamma: int) -> float:
@@ -39,70 +47,96 @@ def expected_tokens_per_round(alpha: float, gamma: int) -> float:
 
 
 def acceptance_features(f: RequestFeatures) -> np.ndarray:
-    """The α model's inputs: category one-hot, its interaction with temperature,
-    and the numeric signals."""
-    cat = np.array([f.category == c for c in CATEGORIES], dtype=np.float64)
+    """x for the α model: category one-hot, its interaction with temperature,
+    the per-request signals, and an intercept (last)."""
+    x = np.zeros(N_FEATURES)
     t = min(f.temperature, 2.0)
-    num = np.array([t, t * t, f.top_p, f.copy_signal, math.log1p(f.prompt_tokens) / 8.0])
-    return np.concatenate([cat, cat * t, num])
-
-
-N_ACCEPT_FEATURES = 2 * len(CATEGORIES) + 5
-
-
-def cost_features(gamma: int, load: int) -> np.ndarray:
-    load = min(load, 64)
-    return np.array([1.0, gamma, load, gamma * load], dtype=np.float64)
+    i = _CAT_INDEX.get(f.category)
+    if i is not None:
+        x[i] = 1.0
+        x[N_CATEGORIES + i] = t
+    x[2 * N_CATEGORIES:] = (t, t * t, f.top_p, f.copy_signal, f.repetition, f.code, f.non_ascii,
+                            math.log1p(f.prompt_tokens) / 8.0, float(f.turns > 1), min(f.length_ratio, 4.0) / 4.0,
+                            1.0)
+    return x
 
 
 @dataclass
 class DraftModel:
     """Coefficients for one draft."""
 
-    accept_coef: list[float]  # over acceptance_features, logit scale (last entry: intercept)
-    cost_coef: list[float]  # over cost_features, in plain steps per round
+    accept_coef: list[float]  # over acceptance_features, logit scale
+    accept_cov: list[float] | None = None  # posterior covariance, row-major [N_FEATURES²]; None: the prior's
+    cost_coef: list[float] = field(default_factory=lambda: [0.0, 0.06, 0.02])  # a, b (per k), e (per k·load)
     overhead_steps: float = 0.0  # fixed cost per request, in plain steps
     overhead_per_prompt_token: float = 0.0
     samples: int = 0  # rounds of telemetry behind the fit (0 = prior)
 
-    def alpha(self, f: RequestFeatures) -> float:
-        w = np.asarray(self.accept_coef)
-        z = float(acceptance_features(f) @ w[:-1] + w[-1])
-        return 1.0 / (1.0 + math.exp(-max(min(z, 30.0), -30.0)))
+    def __post_init__(self):
+        self._w = np.asarray(self.accept_coef, dtype=np.float64)
+        n = len(self.accept_coef)
+        self._cov = (np.asarray(self.accept_cov, dtype=np.float64).reshape(n, n) if self.accept_cov is not None
+                     else np.eye(n) * (PRIOR_LOGIT_SD ** 2 / 4))
 
-    def round_cost(self, gamma: int, load: int) -> float:
-        # plain Python: a 4-term dot product is cheaper than a numpy call here
-        a, b, c, d = self.cost_coef
-        load = min(load, 64)
-        return max(1.0, a + b * gamma + c * load + d * gamma * load)
+    def logit(self, x: np.ndarray) -> tuple[float, float]:
+        """Mean and standard deviation of logit α at features x."""
+        mean = float(x @ self._w)
+        return mean, math.sqrt(max(float(x @ self._cov @ x), 0.0))
+
+    def alpha(self, f: RequestFeatures) -> float:
+        return sigmoid(self.logit(acceptance_features(f))[0])
+
+    def round_cost(self, k: int, load: int) -> float:
+        a, b, e = self.cost_coef
+        return 1.0 + max(a, 0.0) + max(b, 0.0) * k + max(e, 0.0) * k * min(load, 64)
 
     def overhead(self, f: RequestFeatures) -> float:
         return self.overhead_steps + self.overhead_per_prompt_token * f.prompt_tokens
 
+    def to_dict(self) -> dict:
+        return {"accept_coef": self.accept_coef, "accept_cov": self.accept_cov, "cost_coef": self.cost_coef,
+                "overhead_steps": self.overhead_steps, "overhead_per_prompt_token": self.overhead_per_prompt_token,
+                "samples": self.samples}
+
+
+def sigmoid(z: float) -> float:
+    return 1.0 / (1.0 + math.exp(-max(min(z, 30.0), -30.0)))
+
+
+def draft_kind(name: str) -> str:
+    """Which prior a draft starts from, by its name."""
+    if name.startswith("ngram"):
+        return "ngram"
+    if name.startswith(("eagle", "distill")):
+        return "eagle"
+    return "model"
+
 
 def prior_draft(kind: str) -> DraftModel:
-    """Cold-start defaults, from the engine benchmark on this CPU (verifying 8
-    drafts cost ~1.35 plain steps) and the rule of thumb that acceptance falls
-    with temperature. `kind`: "ngram" (no model) or "model"."""
-    w = np.zeros(N_ACCEPT_FEATURES + 1)
-    temp, temp2, _top_p, copy, _plen = range(2 * len(CATEGORIES), N_ACCEPT_FEATURES)
+    """Cold-start defaults from the engine benchmarks on the project's CPUs
+    (verifying k tokens costs ~0.06 of a step each alone, more in a full batch; acceptance falls with
+    temperature; prompt lookup lives on copy cues and repetition)."""
+    w = np.zeros(N_FEATURES)
+    t, t2, _top_p, copy, rep, code, _nonascii, _plen, _turns, _lratio, bias = range(2 * N_CATEGORIES, N_FEATURES)
     if kind == "ngram":
-        w[copy], w[temp], w[-1] = 2.5, -3.0, -1.8  # T=0: α ≈ 0.14 plain prose, ≈ 0.55 strong copy cues
-        cost = [1.0, 0.05, 0.0, 0.03]
-        over = (2.0, 0.0)  # proposer and bookkeeping per request: short answers stay plain
-    else:
-        w[copy], w[temp], w[-1] = 0.5, -1.5, -0.2
-        cost = [1.0, 0.35, 0.0, 0.03]  # drafting with a model costs a fraction of a step per token
-        over = (3.0, 0.002)  # plus the draft prefilling the prompt
-    w[temp2] = -0.5
-    return DraftModel(w.tolist(), cost, *over)
+        w[copy], w[rep], w[code], w[t], w[bias] = 2.5, 2.0, 1.0, -3.0, -2.0
+        # verifying k more tokens per row costs ~0.06·k of a step alone, ~0.37·k in a batch of 16
+        cost, over = [0.0, 0.06, 0.02], (2.0, 0.0)  # proposer bookkeeping per request: short answers stay plain
+    elif kind == "eagle":
+        w[t], w[code], w[bias] = -1.2, 0.3, -0.1  # α ≈ 0.47 at T=0, ≈ 0.27 at T=1
+        cost, over = [0.0, 0.09, 0.02], (3.0, 0.0005)  # plus a draft layer per token; it reads the prompt once
+    else:  # a separate model or a subset of the target's layers
+        w[copy], w[t], w[bias] = 0.5, -1.5, -0.2
+        cost, over = [0.0, 0.8, 0.03], (3.0, 0.002)  # 25 of 30 layers: ~0.8 of a step per drafted token
+    w[t2] = -0.3
+    return DraftModel(w.tolist(), None, cost, *over)
 
 
 @dataclass
 class PolicyModel:
     version: str
     drafts: dict[str, DraftModel] = field(default_factory=dict)
-    explore: float = 0.05  # default exploration share (rules may override)
+    explore: float = 1.0  # exploration strength: 0 = always the predicted best, 1 = Thompson sampling
     metrics: dict = field(default_factory=dict)  # offline scores at training time
     output_tokens: dict[str, float] = field(default_factory=dict)  # category -> median output length seen
 
@@ -117,23 +151,23 @@ class PolicyModel:
     def draft(self, name: str) -> DraftModel:
         """A draft this model has never seen gets the prior for its kind."""
         m = self.drafts.get(name)
-        return m if m is not None else _PRIORS["ngram" if name.startswith("ngram") else "model"]
+        return m if m is not None else _PRIORS[draft_kind(name)]
 
     def speedup(self, f: RequestFeatures, draft: str | None, gamma: int) -> float:
         return 1.0 if draft is None else self.speedups(f, draft, [gamma])[0]
 
-    def speedups(self, f: RequestFeatures, draft: str, gammas: list[int]) -> list[float]:
-        """Predicted speedup over plain for each γ of one draft (α computed once)."""
+    def speedups(self, f: RequestFeatures, draft: str, gammas: list[int], logit: float | None = None) -> list[float]:
+        """Predicted speedup over plain for each γ bound of one draft (at α's mean, or at `logit`)."""
         m = self.draft(draft)
-        L = max(f.expected_output_tokens, 1)
-        alpha, over = m.alpha(f), m.overhead(f)
-        return [L / (L * m.round_cost(g, f.load) / expected_tokens_per_round(alpha, g) + over) for g in gammas]
+        if logit is None:
+            logit = m.logit(acceptance_features(f))[0]
+        return speedups_at(m, sigmoid(logit), f, gammas)
 
     # storage: plain JSON, nothing executable
     def to_json(self) -> str:
         return json.dumps({
             "format": FORMAT, "version": self.version, "explore": self.explore, "metrics": self.metrics,
-            "drafts": {k: vars(v) for k, v in self.drafts.items()}, "output_tokens": self.output_tokens,
+            "drafts": {k: v.to_dict() for k, v in self.drafts.items()}, "output_tokens": self.output_tokens,
         }, sort_keys=True)
 
     @classmethod
@@ -143,22 +177,39 @@ class PolicyModel:
             raise ValueError(f"not a {FORMAT} artifact")
         drafts = {}
         for name, v in d["drafts"].items():
-            m = DraftModel(**v)
-            if len(m.accept_coef) != N_ACCEPT_FEATURES + 1 or len(m.cost_coef) != 4:
+            cov = v.get("accept_cov")
+            if len(v["accept_coef"]) != N_FEATURES or len(v["cost_coef"]) != 3 or (
+                    cov is not None and len(cov) != N_FEATURES ** 2):
                 raise ValueError(f"draft {name!r}: coefficient shapes do not match this version")
-            if not all(math.isfinite(x) for x in m.accept_coef + m.cost_coef):
+            numbers = list(v["accept_coef"]) + list(v["cost_coef"]) + list(cov or [])
+            if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in numbers):
                 raise ValueError(f"draft {name!r}: non-finite coefficients")
-            drafts[name] = m
-        explore = float(d.get("explore", 0.05))
+            drafts[name] = DraftModel(list(v["accept_coef"]), cov, list(v["cost_coef"]),
+                                      float(v.get("overhead_steps", 0)), float(v.get("overhead_per_prompt_token", 0)),
+                                      int(v.get("samples", 0)))
+        explore = float(d.get("explore", 1.0))
         if not 0 <= explore <= 1:
             raise ValueError("explore must be in [0, 1]")
         lengths = {str(k): float(v) for k, v in d.get("output_tokens", {}).items() if math.isfinite(float(v))}
         return cls(str(d["version"]), drafts, explore, d.get("metrics", {}), lengths)
 
 
-_PRIORS = {kind: prior_draft(kind) for kind in ("ngram", "model")}  # read-only
-PRIOR_EXPLORE = 0.2  # cold start: nothing is known yet, so try other arms often
+def speedups_at(m: DraftModel, alpha: float, f: RequestFeatures, gammas: list[int]) -> list[float]:
+    """max over k ≤ γ of L / (L · c(k) / τ(α, k) + o), for each γ (the engine adapts k within the bound)."""
+    L = max(f.expected_output_tokens, 1)
+    over, load = m.overhead(f), f.load
+    best, out, k = 0.0, [], 0
+    for g in sorted(gammas):
+        while k < g:
+            k += 1
+            best = max(best, L / (L * m.round_cost(k, load) / expected_tokens_per_round(alpha, k) + over))
+        out.append(best)
+    order = {g: s for g, s in zip(sorted(gammas), out)}
+    return [order[g] for g in gammas]
+
+
+_PRIORS = {kind: prior_draft(kind) for kind in ("ngram", "eagle", "model")}  # read-only
 
 
 def prior_model() -> PolicyModel:
-    return PolicyModel(version="prior", explore=PRIOR_EXPLORE)
+    return PolicyModel(version="prior", explore=1.0)

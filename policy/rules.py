@@ -127,7 +127,8 @@ class Then(_Strict):
     """Only these drafts may be used (plain always may)."""
     gamma: GammaRange | None = None
     explore: float | None = Field(None, ge=0, le=1)
-    """Exploration share for matching requests."""
+    """Exploration strength for matching requests: 0 always takes the predicted best arm, 1 samples arms
+    in proportion to the model's belief that each is best (Thompson sampling); None: the model's."""
     guard: Guard | None = None
     allow_requested_arm: bool = True
     """Honour a request's own arm when it is otherwise allowed."""

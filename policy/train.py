@@ -1,12 +1,24 @@
-"""Fitting the chooser from outcome telemetry, and judging it offline.
+"""Fitting the chooser from outcome telemetry, and judging a candidate before it
+may replace the live model.
 
 Learning reads `TrainingRow`s: what it needs of one served request. The
 outcome record they come from (its schema, versions and parsing) is
 telemetry/record.py's `OutcomeRecord.training_row()`.
 
-Per row, the effective acceptance is the α for which τ(α, γ) equals the tokens
-per round actually observed (it folds in rounds where nothing was proposed), and
-the round cost is the time per round over the plain step time at that load.
+    α per draft     scikit-learn's regularised logistic regression on the
+                    per-round trials (drafts verified up to the first rejection)
+                    and acceptances, with the prior's prediction as a few
+                    pseudo-trials per row (so thin data stays near the prior),
+                    and the Laplace covariance of the coefficients
+    cost per draft  scikit-learn's non-negative ridge regression of the round
+                    cost (seconds per round over the plain step at that load)
+                    on the tokens verified per round and their product with the
+                    load; the load term only once there is loaded traffic
+    judging         time split: fit on the older outcomes, score candidate and
+                    live model on the newer ones with a doubly-robust estimate,
+                    promote only when the lower confidence bound of the
+                    difference is above zero
+
 Each tenant's rows weigh in proportion to the square root of their number, so
 one tenant's flood of unusual traffic cannot outvote everyone else's.
 """
@@ -23,16 +35,22 @@ import numpy as np
 from engines.arms import Arm
 from policy.features import RequestFeatures
 from policy.model import (
-    PRIOR_EXPLORE,
     DraftModel,
     PolicyModel,
     acceptance_features,
-    cost_features,
+    draft_kind,
     expected_tokens_per_round,
     prior_draft,
+    sigmoid,
+    speedups_at,
 )
 
 MIN_ROWS_PER_DRAFT = 30
+PRIOR_TRIALS = 3.0  # pseudo-trials of the prior's α per row
+MIN_LOADED_ROWS = 20  # rows at load >= LOADED before the load term is learned rather than the prior's
+LOADED = 4
+IPS_CLIP = 20.0  # largest importance weight in the doubly-robust estimate
+Z = 1.645  # one-sided 95% bound
 
 
 @dataclass(frozen=True)
@@ -47,6 +65,9 @@ class TrainingRow:
     decode_s: float  # seconds after the first token
     tenant: str = ""
     request_id: str = ""
+    trials: int = 0  # draft tokens tried: verified up to and including the first rejection
+    accepted: int = 0
+    verified: int = 0  # draft tokens sent to verification
 
     @property
     def load(self) -> int:
@@ -83,77 +104,92 @@ def plain_step_model(rows: list[TrainingRow]) -> np.ndarray:
             w.append(r.output_tokens * tw)
     if len(x) < 3:
         return np.array([float(np.median(y)) if y else 0.05, 0.0])
-    return _wls(np.array(x), np.array(y), np.array(w), ridge=1e-6)
+    xa, ya, wa = np.array(x), np.array(y), np.array(w)
+    sw = np.sqrt(wa / wa.mean())[:, None]
+    coef = np.linalg.lstsq(xa * sw, ya * sw[:, 0], rcond=None)[0]
+    return np.array([max(coef[0], 1e-4), max(coef[1], 0.0)])
 
 
-def _wls(x: np.ndarray, y: np.ndarray, w: np.ndarray, ridge: float = 1e-3,
-         prior: np.ndarray | None = None) -> np.ndarray:
-    """Weighted least squares with a ridge that pulls toward `prior` (zero when
-    None). Directions the data never moves (e.g. load when every request ran
-    alone) keep the prior's value instead of collapsing to zero."""
-    sw = np.sqrt(w / w.mean())[:, None]
-    a, b = x * sw, y * sw[:, 0]
-    p = np.zeros(x.shape[1]) if prior is None else np.asarray(prior, dtype=np.float64)
-    return np.linalg.solve(a.T @ a + ridge * np.eye(x.shape[1]), a.T @ b + ridge * p)
+def _trials(r: TrainingRow) -> tuple[float, float]:
+    """(accepted, rejected) trials of a row; rows from engines that report only
+    totals are estimated from tokens per round."""
+    if r.trials > 0:
+        return float(r.accepted), float(r.trials - r.accepted)
+    a = alpha_from_tokens_per_round((r.output_tokens - 1) / r.rounds, max(r.arm.gamma, 1))
+    n = float(r.rounds * r.arm.gamma)
+    return a * n, (1 - a) * n
 
 
-def exploration_share(rows: int) -> float:
-    """Exploration anneals with evidence: ~1.5/√n of requests try another arm
-    (0.15 at 100 outcomes, 0.05 at 900), never below 0.03 so that a change in
-    traffic or hardware is still noticed."""
-    return float(min(PRIOR_EXPLORE, max(0.03, 1.5 / np.sqrt(max(rows, 1)))))
+def fit_acceptance(rows: list[TrainingRow], weights: list[float], prior: DraftModel) -> DraftModel:
+    """Logistic regression of per-token acceptance on the request's features."""
+    from sklearn.linear_model import LogisticRegression
+
+    x = np.array([acceptance_features(r.features) for r in rows])
+    prior_alpha = 1.0 / (1.0 + np.exp(-(x @ np.asarray(prior.accept_coef))))
+    succ, fail = np.array([_trials(r) for r in rows]).T
+    w = np.asarray(weights)
+    pos = (succ + PRIOR_TRIALS * prior_alpha) * w
+    neg = (fail + PRIOR_TRIALS * (1 - prior_alpha)) * w
+    xx = np.vstack([x, x])[:, :-1]  # sklearn fits its own intercept
+    yy = np.concatenate([np.ones(len(x)), np.zeros(len(x))])
+    ww = np.concatenate([pos, neg])
+    c = 1.0
+    lr = LogisticRegression(C=c, max_iter=500).fit(xx, yy, sample_weight=ww)
+    coef = np.append(lr.coef_[0], lr.intercept_[0])
+    p = 1.0 / (1.0 + np.exp(-(x @ coef)))
+    hess = (x * ((pos + neg) * p * (1 - p))[:, None]).T @ x + np.diag([1.0 / c] * (x.shape[1] - 1) + [1e-6])
+    cov = np.linalg.inv(hess)
+    return DraftModel(coef.tolist(), cov.ravel().tolist(), prior.cost_coef, prior.overhead_steps,
+                      prior.overhead_per_prompt_token, int(succ.sum() + fail.sum()))
 
 
-MIN_LOADED_ROWS = 20  # rows at load >= LOADED before the load terms are learned rather than taken from the prior
-LOADED = 4
+def fit_cost(rows: list[TrainingRow], weights: list[float], step: np.ndarray, prior: DraftModel) -> list[float]:
+    """Round cost in plain steps: 1 + a + b·k + e·k·load, k = tokens verified per round."""
+    from sklearn.linear_model import Ridge
+
+    k = np.array([(r.verified or r.rounds * r.arm.gamma) / r.rounds for r in rows])
+    load = np.array([r.load for r in rows], dtype=float)
+    plain = np.maximum(step[0] + step[1] * load, 1e-6)
+    y = np.array([r.decode_s / r.rounds for r in rows]) / plain - 1.0
+    w = np.array([r.rounds for r in rows]) * np.asarray(weights)
+    a0, b0, e0 = prior.cost_coef
+    learn_load = int((load >= LOADED).sum()) >= MIN_LOADED_ROWS
+    if not learn_load:  # the load term stays the prior's: noise between loads 0 and 1 must not extrapolate to 30
+        y = y - e0 * k * load
+    cols = [k, k * load] if learn_load else [k]
+    # the prior as pseudo-rows on a grid, worth a few requests
+    grid = [(kk, ll) for kk in (1, 2, 4, 8) for ll in ((0, 4, 16) if learn_load else (0,))]
+    gx = np.array([[kk, kk * ll] if learn_load else [kk] for kk, ll in grid], dtype=float)
+    gy = np.array([a0 + b0 * kk + (e0 * kk * ll if learn_load else 0.0) for kk, ll in grid])
+    gw = np.full(len(grid), max(w.sum(), 1.0) * 0.05 / len(grid))
+    model = Ridge(alpha=1e-3, positive=True).fit(np.vstack([np.column_stack(cols), gx]), np.concatenate([y, gy]),
+                                                   sample_weight=np.concatenate([w, gw]))
+    b = float(model.coef_[0])
+    e = float(model.coef_[1]) if learn_load else e0
+    return [max(float(model.intercept_), 0.0), max(b, 0.0), max(e, 0.0)]
 
 
-def fit_round_cost(x: np.ndarray, y: np.ndarray, w: np.ndarray, prior: np.ndarray) -> np.ndarray:
-    """Round cost over [1, γ, load, γ·load]. The load terms are learned only from
-    rows that ran under real load; until there are enough, they stay the
-    prior's and only [1, γ] are fitted (else noise between load 0 and 1 gets
-    extrapolated to load 30). Learned load terms are kept non-negative:
-    verifying more tokens never gets cheaper as the batch grows."""
-    if int((x[:, 2] >= LOADED).sum()) < MIN_LOADED_ROWS:
-        base = _wls(x[:, :2], y - x[:, 2:] @ prior[2:], w, ridge=1e-2, prior=prior[:2])
-        return np.concatenate([base, prior[2:]])
-    coef = _wls(x, y, w, ridge=1e-2, prior=prior)
-    coef[2:] = np.maximum(coef[2:], 0.0)
-    return coef
-
-
-def fit(rows: list[TrainingRow], version: str | None = None, explore: float | None = None) -> PolicyModel:
+def fit(rows: list[TrainingRow], version: str | None = None, explore: float = 1.0) -> PolicyModel:
     t0 = time.perf_counter()
     step = plain_step_model(rows)
-    by_draft: dict[str, list[tuple[RequestFeatures, int, float, float, float, int]]] = defaultdict(list)
+    by_draft: dict[str, list[tuple[TrainingRow, float]]] = defaultdict(list)
     for r, tw in zip(rows, tenant_weights(rows)):
-        if r.arm.is_plain or r.rounds <= 0 or r.decode_s <= 0:
-            continue
-        tpr = (r.output_tokens - 1) / r.rounds  # the first token comes from the prefill
-        plain_step = max(float(step @ [1.0, r.load]), 1e-6)
-        cost = (r.decode_s / r.rounds) / plain_step
-        by_draft[r.arm.draft].append((r.features, r.arm.gamma, alpha_from_tokens_per_round(tpr, r.arm.gamma), cost,
-                                      r.rounds * tw, r.rounds))
-
+        if not r.arm.is_plain and r.rounds > 0 and r.decode_s > 0:
+            by_draft[r.arm.draft].append((r, tw))
     drafts = {}
     for name, items in by_draft.items():
         if len(items) < MIN_ROWS_PER_DRAFT:
             continue
-        prior = prior_draft("ngram" if name.startswith("ngram") else "model")
-        x = np.array([np.append(acceptance_features(f), 1.0) for f, *_ in items])
-        alpha = np.clip([a for _, _, a, _, _, _ in items], 0.02, 0.98)
-        w = np.array([it[4] for it in items], dtype=np.float64)
-        accept = _wls(x, np.log(alpha / (1 - alpha)), w, ridge=0.3, prior=prior.accept_coef)
-        xc = np.array([cost_features(g, f.load) for f, g, *_ in items])
-        cost = fit_round_cost(xc, np.array([it[3] for it in items]), w, np.asarray(prior.cost_coef))
-        drafts[name] = DraftModel(accept.tolist(), cost.tolist(), prior.overhead_steps,
-                                  prior.overhead_per_prompt_token, sum(it[5] for it in items))
+        prior = prior_draft(draft_kind(name))
+        rs, ws = [r for r, _ in items], [w for _, w in items]
+        m = fit_acceptance(rs, ws, prior)
+        m.cost_coef = fit_cost(rs, ws, step, prior)
+        drafts[name] = m
     lengths: dict[str, list[int]] = defaultdict(list)
     for r in rows:
         lengths[r.features.category].append(r.output_tokens)
     typical = {c: float(np.median(v)) for c, v in lengths.items() if len(v) >= 10}
     version = version or time.strftime("v%Y%m%d-%H%M%S") + f".{int(time.time() * 1000) % 1000:03d}"
-    explore = exploration_share(len(rows)) if explore is None else explore
     model = PolicyModel(version, drafts, explore, output_tokens=typical)
     model.metrics = dict(rows=len(rows), fit_s=round(time.perf_counter() - t0, 3),
                          plain_step_s=[round(float(v), 6) for v in step])
@@ -166,6 +202,13 @@ def observed_speed(row: TrainingRow, step: np.ndarray) -> float:
     return plain_step * max(row.output_tokens - 1, 1) / max(row.decode_s, 1e-9)
 
 
+def predicted(model: PolicyModel, f: RequestFeatures, arm: Arm) -> float:
+    if arm.is_plain:
+        return 1.0
+    m = model.draft(arm.draft)
+    return speedups_at(m, sigmoid(m.logit(acceptance_features(f))[0]), f, [arm.gamma])[0]
+
+
 def greedy_arm(model: PolicyModel, f: RequestFeatures, arms: list[Arm]) -> Arm:
     """The arm the model ranks first (ties to the earlier, cheaper arm)."""
     by_draft: dict[str, list[int]] = defaultdict(list)
@@ -175,19 +218,62 @@ def greedy_arm(model: PolicyModel, f: RequestFeatures, arms: list[Arm]) -> Arm:
     speed = {Arm(): 1.0}
     for d, gammas in by_draft.items():  # α once per draft, not once per arm
         speed.update({Arm(d, g): s for g, s in zip(gammas, model.speedups(f, d, gammas))})
-    return arms[max(range(len(arms)), key=lambda i: (speed[arms[i]], -i))]
+    return arms[max(range(len(arms)), key=lambda i: (speed.get(arms[i], 0.0), -i))]
+
+
+def dr_values(policy: PolicyModel, reward: PolicyModel, rows: list[TrainingRow], arms: list[Arm],
+              step: np.ndarray) -> np.ndarray:
+    """Per-row doubly-robust estimates of the relative speed `policy`'s greedy
+    choice would have had: the reward model's prediction for that choice,
+    corrected by the logged outcome where the logged arm agrees (weighted by
+    its inverse propensity, clipped)."""
+    out = np.empty(len(rows))
+    for i, r in enumerate(rows):
+        choice = greedy_arm(policy, r.features, arms)
+        value = predicted(reward, r.features, choice)
+        if choice == r.arm and r.propensity > 0:
+            value += min(1.0 / r.propensity, IPS_CLIP) * (observed_speed(r, step) - predicted(reward, r.features,
+                                                                                             r.arm))
+        out[i] = value
+    return out
 
 
 def offline_value(model: PolicyModel, rows: list[TrainingRow], arms: list[Arm],
                   step: np.ndarray | None = None) -> float | None:
-    """Self-normalised inverse-propensity estimate of the mean relative speed the
-    model's greedy choice among `arms` would have had on the logged rows.
-    None when no logged arm agrees with the model's choice (no overlap)."""
+    """Doubly-robust estimate of the mean relative speed under `model`'s greedy
+    choice, with the model itself as the reward model."""
+    if not rows:
+        return None
     step = plain_step_model(rows) if step is None else step
-    num = den = 0.0
-    for r in rows:
-        if r.propensity <= 0 or greedy_arm(model, r.features, arms) != r.arm:
-            continue
-        num += observed_speed(r, step) / r.propensity
-        den += 1.0 / r.propensity
-    return num / den if den > 0 else None
+    return float(dr_values(model, model, rows, arms, step).mean())
+
+
+def judge(rows: list[TrainingRow], live: PolicyModel, arms: list[Arm], split: float = 0.7,
+          version: str | None = None) -> tuple[PolicyModel, dict]:
+    """Fit a candidate on the older rows, score it against `live` on the newer
+    ones (paired doubly-robust estimates, the candidate as reward model), and
+    say whether it may replace it: the lower one-sided 95% bound of the
+    difference must be above zero. Returns the candidate refitted on every
+    row, and the decision with its figures."""
+    cut = int(len(rows) * split)
+    older, newer = rows[:cut], rows[cut:]
+    trial = fit(older)
+    step = plain_step_model(rows)
+    c = dr_values(trial, trial, newer, arms, step)
+    v = dr_values(live, trial, newer, arms, step)
+    diff = c - v
+    n = len(diff)
+    mean = float(diff.mean()) if n else 0.0
+    se = float(diff.std(ddof=1) / math.sqrt(n)) if n > 1 else float("inf")
+    low = mean - Z * se
+    promote = n >= 10 and low > 0
+    candidate = fit(rows, version)
+    decision = dict(candidate=candidate.version, live=live.version, rows=len(rows), fit_rows=len(older),
+                    evaluated_rows=n, candidate_value=round(float(c.mean()), 4) if n else None,
+                    live_value=round(float(v.mean()), 4) if n else None, difference=round(mean, 4),
+                    lower_bound=round(low, 4) if math.isfinite(low) else None, promoted=promote,
+                    reason=("lower bound of the difference above zero" if promote else
+                            f"not shown better: lower bound {low:.4f} <= 0" if n >= 10 else
+                            f"too few newer rows to judge ({n})"))
+    candidate.metrics.update(judgement=decision)
+    return candidate, decision

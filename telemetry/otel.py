@@ -77,10 +77,11 @@ class Instrumentation:
                  sink=None):
         self.tracer = (tracer_provider or trace.NoOpTracerProvider()).get_tracer("specgate.gateway")
         mp = meter_provider or MeterProvider()
-        meter = mp.get_meter("specgate.gateway")
+        meter = self._meter = mp.get_meter("specgate.gateway")
         self.requests = meter.create_counter("specgate.requests", description="requests by arm and source")
         self.acceptance = meter.create_histogram("specgate.acceptance_rate", description="per-request acceptance")
-        self.tokens_per_s = meter.create_histogram("specgate.output_tokens_per_s", unit="{token}/s")
+        self.tokens_per_s = meter.create_histogram("specgate.output_tokens_per_s",
+                                                   description="a request's output tokens per second")
         self.decision_latency = meter.create_histogram("specgate.decision.duration", unit="s")
         self.ttft = meter.create_histogram("gen_ai.server.time_to_first_token", unit="s")
         from opentelemetry.metrics import Observation
@@ -94,6 +95,24 @@ class Instrumentation:
                                             "past the bound", callbacks=[lambda _o: [Observation(sink.dropped)]])
             meter.create_observable_gauge("specgate.telemetry.redis_up", description="1 while Redis takes writes",
                                           callbacks=[lambda _o: [Observation(int(sink.redis_up))]])
+
+    def watch(self, loads: Callable[[], dict], active: Callable[[], int]) -> None:
+        """Gauges of the live load of every endpoint ({id: LoadSnapshot}) and of the
+        generations in flight in this gateway."""
+        from opentelemetry.metrics import Observation
+
+        def running(_o):
+            return [Observation(v.running, {"engine": k}) for k, v in loads().items()]
+
+        def waiting(_o):
+            return [Observation(v.waiting, {"engine": k}) for k, v in loads().items()]
+
+        self._meter.create_observable_gauge("specgate.engine.running", callbacks=[running],
+                                            description="sequences the engine is decoding")
+        self._meter.create_observable_gauge("specgate.engine.waiting", callbacks=[waiting],
+                                            description="requests queued in the engine")
+        self._meter.create_observable_gauge("specgate.generations.active", callbacks=[lambda _o: [Observation(
+            active())]], description="generations in flight in this gateway")
 
 
 def decision_attributes(features, decision) -> dict:

@@ -156,6 +156,14 @@ class OutcomeRecord:
         r = self.result
         if r.rounds <= 0 or r.decode_s <= 0 or r.output_tokens <= 0:
             return None
+        trials = accepted = verified = 0
+        if r.acceptance_source == "measured":  # per round: tried up to and including the first rejection
+            per_round = r.verified_per_round or r.drafted_per_round
+            for v, a in zip(per_round, r.accepted_per_round):
+                if v > 0:
+                    trials += a + (1 if a < v else 0)
+                    accepted += a
+                    verified += v
         return TrainingRow(features=self.features, arm=self.decision.arm, propensity=self.decision.propensity,
                            output_tokens=r.output_tokens, rounds=r.rounds, decode_s=r.decode_s, tenant=self.tenant,
-                           request_id=self.request_id)
+                           request_id=self.request_id, trials=trials, accepted=accepted, verified=verified)

@@ -2,12 +2,14 @@
 
 Reads the outcome stream through a consumer group (at-least-once; duplicates
 dropped by request id), keeps a window of recent outcomes, and every N new ones
-fits a candidate, scores it and the live model offline on the window with the
-logged propensities, and promotes it only if it is not worse.
+judges a candidate against the live model on outcomes the candidate was not
+fit on (policy.train.judge: time split, doubly robust, a confidence bound),
+promotes it only when it is shown better, and records every judgement.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -19,7 +21,7 @@ import redis
 
 from engines.arms import ArmMenu
 from policy.model import PolicyModel, prior_model
-from policy.train import TrainingRow, fit, offline_value
+from policy.train import TrainingRow, judge
 from telemetry.artifacts import CURRENT, ArtifactError, load_verified, publish
 from telemetry.outcomes import STREAM
 from telemetry.record import OutcomeRecord, RecordError
@@ -28,6 +30,7 @@ from telemetry.redis_server import Outage
 log = logging.getLogger(__name__)
 
 GROUP = "specgate-retrainer"
+DECISIONS = "specgate:model:decisions"  # every promotion judgement, newest first (JSON)
 
 
 @dataclass
@@ -47,6 +50,7 @@ class Retrainer:
         self._seen: OrderedDict[str, None] = OrderedDict()  # request ids in the window (idempotence)
         self.new_since_fit = 0
         self.promoted: list[str] = []
+        self.decisions: list[dict] = []
         self._group_ready = False
 
     def _ensure_group(self) -> None:
@@ -114,26 +118,31 @@ class Retrainer:
         return self.retrain()
 
     def retrain(self) -> PolicyModel | None:
+        """Judge a candidate on the window (policy.train.judge) and promote it only
+        if it is shown better than the live model; every judgement is recorded."""
         if self.before_retrain is not None:
             self.before_retrain()
         rows = list(self.rows)
         t0 = time.perf_counter()
-        candidate = fit(rows)
         live = self.live_model()
-        arms = self.arms.all_arms()
-        cand_score = offline_value(candidate, rows, arms)
-        live_score = offline_value(live, rows, arms)
-        candidate.metrics.update(offline_value=cand_score, live_offline_value=live_score,
-                                 live_version=live.version, train_s=round(time.perf_counter() - t0, 3))
-        if cand_score is None or (live_score is not None and cand_score < live_score):
-            log.info("candidate %s not promoted: offline value %s < live %s (%s)", candidate.version,
-                     cand_score, live_score, live.version)
+        candidate, decision = judge(rows, live, self.arms.all_arms())
+        decision.update(train_s=round(time.perf_counter() - t0, 3), time=time.time())
+        self.decisions.append(decision)
+        try:
+            self.client.lpush(DECISIONS, json.dumps(decision))
+            self.client.ltrim(DECISIONS, 0, 999)
+        except redis.RedisError:
+            pass  # the log line below still says it
+        if not decision["promoted"]:
+            log.info("candidate %s not promoted over %s: %s (difference %s, lower bound %s, %d rows judged)",
+                     candidate.version, live.version, decision["reason"], decision["difference"],
+                     decision["lower_bound"], decision["evaluated_rows"])
             return None
-        publish(self.client, candidate, self.key, meta=dict(rows=len(rows), offline_value=cand_score,
-                                                           live_offline_value=live_score))
+        publish(self.client, candidate, self.key, meta=dict(rows=len(rows), judgement=decision))
         self.promoted.append(candidate.version)
-        log.info("promoted %s: %d rows, offline value %.3f (live %s: %s)", candidate.version, len(rows),
-                 cand_score, live.version, f"{live_score:.3f}" if live_score is not None else "n/a")
+        log.info("promoted %s over %s: value %s vs %s on %d newer rows (difference %s, lower bound %s)",
+                 candidate.version, live.version, decision["candidate_value"], decision["live_value"],
+                 decision["evaluated_rows"], decision["difference"], decision["lower_bound"])
         return candidate
 
     def run(self, once: bool = False, interval_s: float | None = None, stop: threading.Event | None = None) -> None:

@@ -26,6 +26,7 @@ from engines.config import EngineConfig, NgramDraftConfig, TargetConfig
 from engines.llama import LlamaConfig, LlamaModel, LlamaWeights
 from engines.loading import LoadedModel
 from engines.proposers import NgramProposer
+from engines.proposers.base import ProposerBase
 from engines.sampling import logits_to_probs
 from policy.features import RequestFeatures
 from policy.model import expected_tokens_per_round
@@ -129,13 +130,10 @@ def slow_engine(step_s=0.02, **kw) -> BuiltinEngine:
     """A tiny engine whose every step takes step_s: requests last long enough to
     cancel, time out or drain."""
 
-    class Slow:
+    class Slow(ProposerBase):
         def propose(self, context, gamma, sampling, generator):
             time.sleep(step_s)
             return NgramProposer(1, 3).propose(context, gamma, sampling, generator)
-
-        def observe(self, n):
-            pass
 
     cfg = EngineConfig(target=TargetConfig(max_context=96), drafts=[NgramDraftConfig(name="slow")], gamma_max=2, **kw)
     return tiny_engine(cfg, slow=lambda cap: Slow())

@@ -57,3 +57,36 @@ def test_compose_services_have_health_checks_and_mount_existing_configs(compose)
 def test_mounted_gateway_configs_load(path):
     config = GatewayConfig.model_validate(yaml.safe_load(path.read_text()))
     assert config.telemetry.redis_url  # every deployment shares outcomes and models through Redis
+
+
+def test_the_grafana_dashboard_reads_only_metrics_the_gateway_exports():
+    """Every series the provisioned dashboard queries is one a running gateway's
+    /metrics serves (names checked against a live render, not a list)."""
+    import json
+    import re
+
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    from telemetry.otel import Instrumentation, prometheus_reader
+    from telemetry.outcomes import MemoryOutcomeSink
+    from tests.helpers import request, start_gateway
+
+    dash = json.loads((DOCKER / "grafana" / "dashboards" / "specgate.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    wanted = {m for e in exprs for m in re.findall(r"\b((?:specgate|gen_ai)_[a-z0-9_]+)", e)}
+    reader, render = prometheus_reader()
+    sink = MemoryOutcomeSink()
+    g = start_gateway(instrumentation=Instrumentation(meter_provider=MeterProvider(metric_readers=[reader]),
+                                                      sink=sink), sink=sink)
+    try:
+        for arm in ("plain", "ngram:3"):
+            g.stub.Generate(request(arm=arm))
+        served = {line.split("{")[0].split(" ")[0] for line in render().decode().splitlines()
+                  if line and not line.startswith("#")}
+    finally:
+        g.close()
+    assert wanted and wanted <= served, sorted(wanted - served)
+    provisioning = DOCKER / "grafana" / "provisioning"
+    assert yaml.safe_load((provisioning / "datasources" / "prometheus.yaml").read_text())["datasources"][0]["url"]
+    prom = yaml.safe_load((DOCKER / "config" / "prometheus.yml").read_text())
+    assert prom["scrape_configs"][0]["static_configs"][0]["targets"] == ["gateway:8000"]

@@ -166,26 +166,22 @@ def learning_curve(stream: list[dict], oracle_spt: dict[int, float], plain_spt: 
                 arms=[m.get("arm") for m in stream], policy_versions=[m.get("policy_version") for m in stream])
 
 
-def targets(c1: dict | None, conc: dict[str, dict[str, dict]], curve: dict | None, high_c: int) -> list[dict]:
-    """The issue's targets, each with what was measured and whether it holds."""
+def targets(intervals_c1: dict, intervals_high: dict, curve: dict | None, high_c: int) -> list[dict]:
+    """The targets, each judged on its 95% interval (bench/specbench/intervals.py)."""
+    from bench.specbench.intervals import verdict
+
     out = []
-    if c1 and "adaptive_vs_best_fixed" in c1:
-        out.append(dict(target=f"c=1: adaptive ≥ 1.15x the best fixed arm ({c1['best_fixed']})",
-                        measured=c1["adaptive_vs_best_fixed"], ok=c1["adaptive_vs_best_fixed"] >= 1.15))
-        v = c1.get("adaptive_vs_oracle")
-        out.append(dict(target="c=1: adaptive ≥ 0.9x the oracle", measured=v, ok=v is not None and v >= 0.9))
-    row = conc.get(str(high_c))
-    if row and ADAPTIVE in row and "plain" in row:
-        a = row[ADAPTIVE]["tok_s"]
-        out.append(dict(target=f"c={high_c}: adaptive never slower than plain", measured=row[ADAPTIVE]["vs_plain"],
-                        ok=a >= row["plain"]["tok_s"]))
-        spec = {m: t["tok_s"] for m, t in row.items() if m not in ("plain", ADAPTIVE)}
-        if spec:
-            best = max(spec, key=spec.get)
-            out.append(dict(target=f"c={high_c}: adaptive faster than every fixed speculative arm (best: {best})",
-                            measured=round(a / spec[best], 4) if spec[best] else None, ok=a > spec[best]))
+    for key, goal, text in (("adaptive/plain", 1.3, "c=1: adaptive ≥ 1.3x plain"),
+                            ("adaptive/best_fixed", 1.15, "c=1: adaptive ≥ 1.15x the best fixed configuration"),
+                            ("adaptive/oracle", 0.95, "c=1: adaptive ≥ 0.95x the per-request oracle")):
+        if key in intervals_c1:
+            out.append(dict(target=text, measured=intervals_c1[key], verdict=verdict(intervals_c1[key], goal)))
+    for key, goal, text in (("adaptive/plain", 1.0, f"c={high_c}: adaptive ≥ 1.0x plain"),
+                            ("adaptive/best_fixed", 1.0, f"c={high_c}: adaptive ≥ every fixed configuration")):
+        if key in intervals_high:
+            out.append(dict(target=text, measured=intervals_high[key], verdict=verdict(intervals_high[key], goal)))
     if curve and curve.get("served"):
         n = curve["reached_0_9_at"]
-        out.append(dict(target="learning curve: cold start reaches 0.9x oracle within a few hundred requests",
-                        measured=n, ok=n is not None and n <= 500))
+        out.append(dict(target="cold start reaches 0.9x the oracle within 150 requests", measured=[n, n, n],
+                        verdict="met" if n is not None and n <= 150 else "missed"))
     return out

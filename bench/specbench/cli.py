@@ -8,8 +8,10 @@
 Then the temperature-0 identity check, JSON, Markdown and plots. Exit status 3
 when a temperature-0 request came out differently under two modes.
 
-With the defaults (39 Spec-Bench dev prompts, 4 fixed arms + adaptive, 300
-learning requests, concurrency 1 and 16) it takes about an hour on 2 CPU cores;
+With the defaults (39 Spec-Bench dev prompts, plain and each draft with the
+engine's adaptive γ as fixed configurations, adaptive, 200 learning requests,
+concurrency 1 and 16) it takes about an hour on 2 CPU cores; every ratio comes
+with a 95% interval (more --repeats narrow the ones above concurrency 1);
 `--learning-curve 0 --per-category 1 --max-tokens 64` is a quick look.
 """
 
@@ -39,7 +41,8 @@ from engines.arms import Arm
 from engines.errors import InvalidRequest
 from gateway.pb import specgate_pb2_grpc as pb_grpc
 
-DEFAULT_ARMS = ("plain", "ngram:2", "ngram:4", "ngram:8")
+# Fixed configurations: plain, and each draft with the engine adapting γ per round up to its bound
+DEFAULT_ARMS = ("plain", "ngram:8", "eagle:6")
 EXIT_MISMATCH = 3
 
 
@@ -65,7 +68,7 @@ def add_arguments(p) -> None:
                    help="send the dataset's category as the request's hint (default: the gateway classifies)")
     p.add_argument("--learning-curve", type=int, metavar="N",
                    help="first stream N adaptive requests from a cold start with retraining live; 0 = skip "
-                        "(own gateway only; default: 300 with its own cold gateway, else 0)")
+                        "(own gateway only; default: 200 with its own cold gateway, else 0)")
     p.add_argument("--window", type=int, default=50, help="learning-curve rolling window (default: %(default)s)")
     p.add_argument("--retrain-every", type=int, default=25,
                    help="own gateway: outcomes between retrainings (default: %(default)s)")
@@ -102,7 +105,7 @@ def _check_args(args) -> str | None:
 
 def main(args) -> int:
     if args.learning_curve is None:
-        args.learning_curve = 0 if (args.address or args.policy or args.no_adaptive) else 300
+        args.learning_curve = 0 if (args.address or args.policy or args.no_adaptive) else 200
     err = _check_args(args)
     if err:
         print(f"error: {err}", file=sys.stderr)
@@ -208,6 +211,11 @@ def summarize(args, requests, modes, fixed, c1, runs, stream, address) -> dict:
         oracle_spt, plain_spt = analysis.per_request_rates(c1, fixed)
         curve = analysis.learning_curve(stream, oracle_spt, plain_spt, args.window)
     high = max(args.concurrency)
+    from bench.specbench import intervals
+
+    iv_c1 = intervals.bootstrap_c1(c1, fixed, seed=args.seed) if c1 else {}
+    iv_high = {k: intervals.repeats_interval(v) for k, v in intervals.per_repeat_ratios(runs, high).items()} \
+        if high > 1 else {}
     raw = {}
     for c, ms in [(1, c1)] + [(r["concurrency"], r["measurements"]) for r in runs]:
         for m in ms:
@@ -228,7 +236,8 @@ def summarize(args, requests, modes, fixed, c1, runs, stream, address) -> dict:
                       repeats=args.repeats, seed=args.seed, category_hints=args.category_hints,
                       learning_curve=args.learning_curve, gateway=args.address or "started by the bench",
                       cpu=cpu_model()),
-        targets=analysis.targets(c1_table, conc, curve, high) if high > 1 or c1 else [],
+        targets=analysis.targets(iv_c1, iv_high, curve, high),
+        intervals={"c1": iv_c1, f"c{high}": iv_high},
         greedy_mismatches=analysis.greedy_mismatches(all_ms),
         concurrency_1=c1_table, by_category=analysis.by_category(c1, modes) if c1 else {},
         by_temperature=analysis.by_temperature(c1, modes) if c1 else {},

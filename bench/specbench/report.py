@@ -20,13 +20,24 @@ def markdown(summary: dict) -> str:
         f"gateway {s['gateway']}; machine {s.get('cpu', 'not recorded')}.", "",
         "Speed is output tokens per second of request time, so arms that sample answers of different "
         "lengths at temperature > 0 compare fairly; at temperature 0 it equals the ratio of total times.", "",
-        "## Targets", "", "| target | measured | holds |", "|---|---|---|",
+        "## Targets", "", "Each judged on its 95% interval: met when the interval's lower end clears the target, "
+        "missed when its upper end falls short, undecided in between.", "",
+        "| target | measured [95% interval] | verdict |", "|---|---|---|",
     ]
     for t in summary["targets"]:
-        lines.append(f"| {t['target']} | {_f(t['measured'], 'g')} | {'yes' if t['ok'] else '**no**'} |")
+        m = t["measured"]
+        shown = f"{_f(m[0], 'g')} [{_f(m[1], '.3f')}, {_f(m[2], '.3f')}]" if m[1] == m[1] else _f(m[0], "g")
+        lines.append(f"| {t['target']} | {shown} | {t['verdict']} |")
     mism = summary["greedy_mismatches"]
     lines += ["", f"Temperature-0 outputs identical across modes: "
               f"{'yes' if not mism else f'**NO** ({len(mism)} requests differ)'}", ""]
+    iv = summary.get("intervals") or {}
+    if any(iv.values()):
+        lines += ["## Ratios with 95% intervals", "", "| level | ratio | point | low | high |", "|---|---|---|---|---|"]
+        for level, table in iv.items():
+            for k, (p, lo, hi) in sorted(table.items()):
+                lines.append(f"| {level} | {k} | {p:.3f} | {_f(lo, '.3f')} | {_f(hi, '.3f')} |")
+        lines.append("")
     c1 = summary.get("concurrency_1")
     if c1:
         lines += ["## Concurrency 1 (modes interleaved per request)", "",

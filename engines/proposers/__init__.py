@@ -1,8 +1,15 @@
 """Draft proposers: each proposes up to γ tokens from the context; the policy, not the
-proposer, chooses which proposer and which γ a request uses."""
+proposer, chooses which proposer and which γ bound a request uses.
 
-from engines.proposers.base import Proposal, Proposer
+    base.py          the Proposal and the Proposer protocol
+    ngram.py         prompt lookup: tokens copied from an earlier occurrence of the context's end
+    model_draft.py   a small causal LM sharing the target's tokenizer, or a subset of its layers
+    eagle.py         a trained head reading the target's hidden states (engines/distill/)
+"""
+
+from engines.proposers.base import Proposal, Proposer, ProposerBase
+from engines.proposers.eagle import EagleDraft, EagleProposer
 from engines.proposers.model_draft import ModelDraftProposer
 from engines.proposers.ngram import NgramProposer
 
-__all__ = ["Proposal", "Proposer", "NgramProposer", "ModelDraftProposer"]
+__all__ = ["Proposal", "Proposer", "ProposerBase", "NgramProposer", "ModelDraftProposer", "EagleDraft", "EagleProposer"]

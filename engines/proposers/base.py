@@ -1,4 +1,11 @@
-"""The proposer interface."""
+"""The proposer interface: what every draft implements.
+
+One proposer per request (a model draft keeps a KV cache of its own for it).
+The scheduler asks for up to k tokens each round, verifies as many of them as
+the step budget admits, and tells the proposer what happened. Proposers that
+share something batchable (the same draft model) draft together through their
+class's `propose_batch`.
+"""
 
 from __future__ import annotations
 
@@ -14,16 +21,52 @@ from engines.api import SamplingParams
 class Proposal:
     token_ids: torch.Tensor  # [k] long, k <= γ (k = 0: nothing to propose this round)
     probs: torch.Tensor | None  # [k, V] the draft's q, shaped like the target's p; None = one-hot
+    confidence: torch.Tensor | None = None  # [k] estimated chance each token is accepted given the ones before
+
+    def truncate(self, k: int) -> Proposal:
+        """The first k tokens (what the step budget admits for verification)."""
+        if k >= self.token_ids.shape[0]:
+            return self
+        return Proposal(self.token_ids[:k], None if self.probs is None else self.probs[:k],
+                        None if self.confidence is None else self.confidence[:k])
 
 
 class Proposer(Protocol):
-    """One per request: a model draft keeps its own KV cache for that request."""
+    needs_states: tuple[int, ...] | bool  # target layers (-1: final) whose states it reads at every position
+    batch_key: object  # proposers with the same non-None key draft together (propose_batch)
+    drafting_costs: bool  # drafting runs a model (skip it when its tokens would not be verified)
+    min_confidence: float  # a model draft stops once its running confidence falls below this
 
     def propose(self, context: list[int], gamma: int, sampling: SamplingParams,
                 generator: torch.Generator) -> Proposal:
-        """Propose up to `gamma` tokens to follow `context` (prompt + output so far)."""
+        """Up to `gamma` tokens to follow `context` (prompt + output so far)."""
         ...
 
-    def observe(self, num_accepted: int) -> None:
-        """Told after verification how many of the last proposal were accepted."""
+    def observe(self, verified: int, accepted: int) -> None:
+        """After verification: how many of the proposal were verified, and accepted."""
         ...
+
+    def observe_states(self, states: torch.Tensor) -> None:
+        """The target's hidden states [T, E · layers] for the positions it just
+        committed (only called when needs_states)."""
+        ...
+
+
+class ProposerBase:
+    """Defaults for a proposer that reads no hidden states, drafts alone and
+    learns nothing from verification."""
+
+    needs_states = False
+    batch_key = None
+    drafting_costs = False
+    min_confidence = 0.0
+
+    def observe(self, verified: int, accepted: int) -> None:
+        pass
+
+    def observe_states(self, states: torch.Tensor) -> None:
+        pass
+
+
+def empty(device) -> Proposal:
+    return Proposal(torch.empty(0, dtype=torch.long, device=device), None)

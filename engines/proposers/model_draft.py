@@ -14,13 +14,16 @@ import torch
 
 from engines.api import SamplingParams
 from engines.llama import LlamaModel
-from engines.proposers.base import Proposal
+from engines.proposers.base import Proposal, ProposerBase
 from engines.sampling import logits_to_probs
 
 
-class ModelDraftProposer:
+class ModelDraftProposer(ProposerBase):
+    drafting_costs = True
+
     def __init__(self, model: LlamaModel, capacity: int):
         self.model = model
+        self.batch_key = model
         self.cache = model.new_cache(capacity)
         self.cached_ids: list[int] = []
 
@@ -42,8 +45,10 @@ class ModelDraftProposer:
                 generator: torch.Generator) -> Proposal:
         return propose_many(self.model, [(self, context, gamma, sampling, generator)])[0]
 
-    def observe(self, num_accepted: int) -> None:
-        pass
+    @staticmethod
+    def propose_batch(requests) -> list[Proposal]:
+        return propose_many(requests[0][0].model, requests)
+
 
 
 def propose_many(model: LlamaModel, requests: list[tuple[ModelDraftProposer, list[int], int, SamplingParams,
@@ -55,6 +60,7 @@ def propose_many(model: LlamaModel, requests: list[tuple[ModelDraftProposer, lis
     live = [i for i, g in enumerate(gammas) if g > 0]
     tokens: dict[int, list[torch.Tensor]] = {i: [] for i in live}
     probs: dict[int, list[torch.Tensor]] = {i: [] for i in live}
+    conf: dict[int, list[float]] = {i: [] for i in live}
     if live:
         outs = model.forward_many([(requests[i][0].catch_up(requests[i][1]), requests[i][0].cache, False)
                                    for i in live])
@@ -66,6 +72,8 @@ def propose_many(model: LlamaModel, requests: list[tuple[ModelDraftProposer, lis
                     continue
                 proposer, _, _, sampling, generator = requests[i]
                 q = logits_to_probs(logits[i], sampling)  # [1, V]
+                # confidence from the unshaped distribution (greedy shaping is one-hot: always 1)
+                conf[i].append(float(logits[i][0].float().softmax(-1).max()))
                 if sampling.temperature == 0:
                     tok = q.argmax(dim=-1)
                 else:
@@ -79,5 +87,6 @@ def propose_many(model: LlamaModel, requests: list[tuple[ModelDraftProposer, lis
                 break
             outs = model.forward_many([(tokens[i][-1], requests[i][0].cache, False) for i in feed])
             logits.update(zip(feed, outs))
-    return [Proposal(torch.cat(tokens[i]), torch.cat(probs[i])) if i in tokens else empty
+    # the draft's confidence in each token: its top probability (calibrated by the scheduler)
+    return [Proposal(torch.cat(tokens[i]), torch.cat(probs[i]), torch.tensor(conf[i])) if i in tokens else empty
             for i in range(len(requests))]

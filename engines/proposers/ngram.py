@@ -12,10 +12,10 @@ import numpy as np
 import torch
 
 from engines.api import SamplingParams
-from engines.proposers.base import Proposal
+from engines.proposers.base import Proposal, ProposerBase
 
 
-class NgramProposer:
+class NgramProposer(ProposerBase):
     def __init__(self, min_n: int = 1, max_n: int = 3, device: str = "cpu"):
         if not 1 <= min_n <= max_n:
             raise ValueError(f"ngram needs 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
@@ -26,8 +26,6 @@ class NgramProposer:
         return Proposal(torch.tensor(find_continuation(context, gamma, self.min_n, self.max_n),
                                      dtype=torch.long, device=self.device), None)
 
-    def observe(self, num_accepted: int) -> None:
-        pass
 
 
 def find_continuation(context: list[int], gamma: int, min_n: int, max_n: int) -> list[int]:

@@ -41,7 +41,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., category: _Optional[str] = ..., expected_output_tokens: _Optional[int] = ..., arm: _Optional[str] = ...) -> None: ...
 
 class Decision(_message.Message):
-    __slots__ = ("arm", "speculative", "draft", "gamma", "source", "rule", "policy_version", "rules_version", "predicted_speedup", "predicted_speedups", "propensity", "explored", "reason")
+    __slots__ = ("arm", "speculative", "draft", "gamma", "source", "rule", "policy_version", "rules_version", "predicted_speedup", "predicted_speedups", "propensity", "explored", "reason", "min_confidence")
     class PredictedSpeedupsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +62,7 @@ class Decision(_message.Message):
     PROPENSITY_FIELD_NUMBER: _ClassVar[int]
     EXPLORED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    MIN_CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
     arm: str
     speculative: bool
     draft: str
@@ -75,7 +76,8 @@ class Decision(_message.Message):
     propensity: float
     explored: bool
     reason: str
-    def __init__(self, arm: _Optional[str] = ..., speculative: _Optional[bool] = ..., draft: _Optional[str] = ..., gamma: _Optional[int] = ..., source: _Optional[str] = ..., rule: _Optional[str] = ..., policy_version: _Optional[str] = ..., rules_version: _Optional[str] = ..., predicted_speedup: _Optional[float] = ..., predicted_speedups: _Optional[_Mapping[str, float]] = ..., propensity: _Optional[float] = ..., explored: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+    min_confidence: float
+    def __init__(self, arm: _Optional[str] = ..., speculative: _Optional[bool] = ..., draft: _Optional[str] = ..., gamma: _Optional[int] = ..., source: _Optional[str] = ..., rule: _Optional[str] = ..., policy_version: _Optional[str] = ..., rules_version: _Optional[str] = ..., predicted_speedup: _Optional[float] = ..., predicted_speedups: _Optional[_Mapping[str, float]] = ..., propensity: _Optional[float] = ..., explored: _Optional[bool] = ..., reason: _Optional[str] = ..., min_confidence: _Optional[float] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "output_tokens")
@@ -228,14 +230,16 @@ class GetStatusResponse(_message.Message):
     def __init__(self, engines: _Optional[_Iterable[_Union[EngineStatus, _Mapping]]] = ..., policy_version: _Optional[str] = ..., rules_version: _Optional[str] = ...) -> None: ...
 
 class EngineGenerateRequest(_message.Message):
-    __slots__ = ("request_id", "request", "arm")
+    __slots__ = ("request_id", "request", "arm", "min_confidence")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     ARM_FIELD_NUMBER: _ClassVar[int]
+    MIN_CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     request: GenerateRequest
     arm: str
-    def __init__(self, request_id: _Optional[str] = ..., request: _Optional[_Union[GenerateRequest, _Mapping]] = ..., arm: _Optional[str] = ...) -> None: ...
+    min_confidence: float
+    def __init__(self, request_id: _Optional[str] = ..., request: _Optional[_Union[GenerateRequest, _Mapping]] = ..., arm: _Optional[str] = ..., min_confidence: _Optional[float] = ...) -> None: ...
 
 class EngineEvent(_message.Message):
     __slots__ = ("text", "result")

@@ -13,6 +13,7 @@ from engines.errors import Cancelled, InvalidRequest, Overloaded, TokenizerMisma
 from engines.llama import LlamaModel
 from engines.loading import check_tokenizers_match
 from engines.proposers import ModelDraftProposer, NgramProposer
+from engines.proposers.base import ProposerBase
 from tests.helpers import WORDS, tiny_loaded, tiny_tokenizer
 
 CONFIG = EngineConfig(drafts=[NgramDraftConfig(), LayerDraftConfig(name="half", first_k=2)],
@@ -56,9 +57,21 @@ def test_chat_messages_go_through_a_template(engine):
 
 
 def test_seeded_sampling_is_reproducible(engine):
-    a = engine.generate(req("half:3", temperature=1.0, seed=11))
-    b = engine.generate(req("half:3", temperature=1.0, seed=11))
+    """Plain decoding draws one sample per token: a seed reproduces its output. A
+    speculative arm draws as many as the step budget verified, which depends on
+    the load; with the budget off (fixed γ) a seed reproduces it too."""
+    a = engine.generate(req("plain", temperature=1.0, seed=11))
+    b = engine.generate(req("plain", temperature=1.0, seed=11))
     assert a.token_ids == b.token_ids and a.stats.seed == 11
+    target = tiny_loaded(scale=4.0)
+    sub = LlamaModel(target.model.cfg, target.model.weights, [0, 1])
+    fixed = BuiltinEngine(target, {"half": lambda cap: ModelDraftProposer(sub, cap)},
+                          CONFIG.model_copy(update={"adaptive": False}))
+    try:
+        runs = {fixed.generate(req("half:3", temperature=1.0, seed=11)).token_ids for _ in range(3)}
+        assert len(runs) == 1
+    finally:
+        fixed.close()
     unseeded = [engine.generate(req("plain", temperature=1.0, max_tokens=20, ignore_eos=True)) for _ in range(3)]
     assert len({r.stats.seed for r in unseeded}) == 3  # a fresh seed is drawn each time
     for r in unseeded:  # and the reported seed reproduces the output
@@ -102,13 +115,10 @@ def test_cancel_while_queued_and_overload():
     target = tiny_loaded()
     gate = threading.Event()
 
-    class Blocking:  # holds the worker inside a request until released
+    class Blocking(ProposerBase):  # holds the worker inside a request until released
         def propose(self, context, gamma, sampling, generator):
             gate.wait(10)
             return NgramProposer().propose(context, gamma, sampling, generator)
-
-        def observe(self, n):
-            pass
 
     eng = BuiltinEngine(target, {"block": lambda cap: Blocking()}, CONFIG)
     try:
@@ -148,12 +158,9 @@ def test_cancel_while_running_stops_early():
 def test_a_failing_request_does_not_kill_the_engine():
     target = tiny_loaded()
 
-    class Broken:
+    class Broken(ProposerBase):
         def propose(self, *a):
             raise RuntimeError("boom")
-
-        def observe(self, n):
-            pass
 
     eng = BuiltinEngine(target, {"broken": lambda cap: Broken()}, CONFIG)
     try:

@@ -1,5 +1,7 @@
-"""The real SmolLM2-135M target: greedy speculative output equals plain output,
-except at a numerical near-tie, which the test must then demonstrate."""
+"""The real SmolLM2-135M target with its shipped drafts: greedy speculative
+output equals plain output (except at a numerical near-tie, which the test must
+then demonstrate), sampling with the trained draft follows the target, and the
+start-up profile chose a layout this machine runs fastest."""
 
 import pytest
 import torch
@@ -52,7 +54,7 @@ def test_greedy_arms_equal_plain_on_dev_prompts(engine, specbench_rows, category
 
     plain = run("plain")
     prompt_ids = encode_prompt(engine.tokenizer, GenerationRequest(request_id="p", messages=messages))
-    for arm in ["ngram:2", "ngram:8", "selfspec:4"]:
+    for arm in ["ngram:2", "ngram:8", "selfspec:4", "eagle:3", "eagle:6"]:
         out = run(arm)
         a, b = list(plain.token_ids), list(out.token_ids)
         if a == b:
@@ -60,3 +62,49 @@ def test_greedy_arms_equal_plain_on_dev_prompts(engine, specbench_rows, category
         first = next(i for i in range(min(len(a), len(b))) if a[i] != b[i])
         gap = top2_gap_at(engine, prompt_ids, a[:first])
         assert gap < NEAR_TIE, f"{arm} diverged at token {first} with a top-2 logit gap of {gap:.2e}: a bug"
+
+
+def test_the_trained_draft_is_accepted_and_its_sampling_follows_the_target(engine):
+    """On the real target the shipped draft's tokens are accepted, and with them
+    the distribution is the target's: among requests whose first (plain, from
+    the prefill) token is the likeliest one, the second (from a speculative
+    round) follows the target's softmax after it (chi-square)."""
+    from scipy.stats import chisquare
+
+    from engines.sampling import logits_to_probs
+
+    messages = (ChatMessage("user", "Write a short story about a dragon who learns to bake bread."),)
+    prompt_ids = encode_prompt(engine.tokenizer, GenerationRequest(request_id="p", messages=messages))
+    sp = SamplingParams(max_tokens=2, temperature=1.0, top_p=0.95, ignore_eos=True)
+    model = engine.model
+    p0 = logits_to_probs(model.forward(torch.tensor(prompt_ids), model.new_cache(len(prompt_ids) + 2),
+                                       all_logits=False), sp)[0]
+    first = int(p0.argmax())
+    p1 = logits_to_probs(model.forward(torch.tensor(prompt_ids + [first]), model.new_cache(len(prompt_ids) + 2),
+                                       all_logits=False), sp)[0]
+    handles = [engine.submit(GenerationRequest(request_id=str(s), prompt_token_ids=tuple(prompt_ids),
+                                               arm=Arm.parse("eagle:1"), fixed_gamma=True,
+                                               sampling=SamplingParams(**{**sp.__dict__, "seed": s})))
+               for s in range(800)]
+    results = [h.wait(600) for h in handles]
+    assert sum(r.stats.accepted for r in results) > 100  # the draft carried a good share
+    seconds = [r.token_ids[1] for r in results if r.token_ids[0] == first]
+    assert len(seconds) > 200
+    support = [int(t) for t in p1.nonzero().flatten() if p1[t] * len(seconds) >= 5]
+    obs = [sum(s == t for s in seconds) for t in support]
+    exp = [float(p1[t]) * len(seconds) for t in support]
+    rest_obs, rest_exp = len(seconds) - sum(obs), len(seconds) - sum(exp)
+    if rest_exp >= 5:
+        obs, exp = obs + [rest_obs], exp + [rest_exp]
+    else:  # too little mass outside the support for a cell of its own
+        obs[-1] += rest_obs
+        exp[-1] += rest_exp
+    assert len(obs) >= 2
+    assert chisquare(obs, exp, sum_check=False).pvalue > 1e-3
+
+
+def test_the_start_up_profile_measured_this_machine(engine):
+    prof = engine.profile
+    assert prof is not None and prof.step_s and prof.cost.a > 0 and prof.cost.b > 0
+    best = min(prof.step_s, key=prof.step_s.get)
+    assert best == f"{prof.threads}t/{'packed' if prof.packed else 'dense'}"

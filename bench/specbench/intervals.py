@@ -1,0 +1,122 @@
+"""Telling signal from noise: 95% intervals for the bench's ratios.
+
+Concurrency 1: a bootstrap over requests (each request's every mode and repeat
+resampled together, so a ratio keeps its pairing). Higher concurrency: each
+rotated repeat gives one ratio; the interval is a t interval over repeats.
+A target holds when the interval's lower end clears it, is missed when its
+upper end falls short, and is undecided in between.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import defaultdict
+
+from bench.specbench.runner import ADAPTIVE
+
+BOOTSTRAP = 1000
+# two-sided 95% t quantiles by degrees of freedom
+_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
+
+
+def _rate(cells: list[dict]) -> float:
+    tokens = sum(m["output_tokens"] for m in cells)
+    seconds = sum(m["latency_s"] for m in cells)
+    return tokens / seconds if seconds > 0 else float("nan")
+
+
+def c1_ratios(ms: list[dict], fixed: list[str]) -> dict[str, float]:
+    """The concurrency-1 ratios of one (re)sample: every mode over plain, adaptive
+    over the best fixed mode and over the oracle."""
+    by_mode: dict[str, list[dict]] = defaultdict(list)
+    best: dict[tuple, dict] = {}
+    for m in ms:
+        by_mode[m["mode"]].append(m)
+        if m["mode"] in fixed:
+            k = (m["idx"], m.get("repeat", 0), m.get("boot", 0))
+            spt = m["latency_s"] / m["output_tokens"]
+            if k not in best or spt < best[k]["latency_s"] / best[k]["output_tokens"]:
+                best[k] = m
+    rate = {mode: _rate(cells) for mode, cells in by_mode.items()}
+    rate["oracle"] = _rate(list(best.values()))
+    plain = rate.get("plain", float("nan"))
+    out = {f"{mode}/plain": r / plain for mode, r in rate.items() if mode != "plain"}
+    top = max((rate[m] for m in fixed if m in rate), default=float("nan"))
+    if ADAPTIVE in rate:
+        out["adaptive/best_fixed"] = rate[ADAPTIVE] / top
+        out["adaptive/oracle"] = rate[ADAPTIVE] / rate["oracle"]
+    return out
+
+
+def bootstrap_c1(ms: list[dict], fixed: list[str], seed: int = 0, b: int = BOOTSTRAP) -> dict[str, list[float]]:
+    """ratio -> [point, low, high] (2.5th and 97.5th percentiles of the bootstrap)."""
+    good = [m for m in ms if "error" not in m and m.get("output_tokens", 0) > 0]
+    by_req: dict[int, list[dict]] = defaultdict(list)
+    for m in good:
+        by_req[m["idx"]].append(m)
+    ids = sorted(by_req)
+    if not ids:
+        return {}
+    point = c1_ratios(good, fixed)
+    rng = random.Random(seed)
+    draws: dict[str, list[float]] = defaultdict(list)
+    for _ in range(b):
+        sample = []
+        for n, i in enumerate(rng.choice(ids) for _ in ids):
+            sample += [{**m, "boot": n} for m in by_req[i]]  # a request drawn twice counts twice
+        for k, v in c1_ratios(sample, fixed).items():
+            if math.isfinite(v):
+                draws[k].append(v)
+    out = {}
+    for k, v in point.items():
+        d = sorted(draws.get(k, []))
+        if d:
+            out[k] = [round(v, 4), round(d[int(0.025 * len(d))], 4), round(d[min(len(d) - 1, int(0.975 * len(d)))], 4)]
+    return out
+
+
+def repeats_interval(values: list[float]) -> list[float]:
+    """[mean, low, high]: a t interval over per-repeat ratios (one repeat: no interval)."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return [round(mean, 4), float("nan"), float("nan")]
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = _T95.get(n - 1, 2.0) * sd / math.sqrt(n)
+    return [round(mean, 4), round(mean - half, 4), round(mean + half, 4)]
+
+
+def per_repeat_ratios(runs: list[dict], level: int) -> dict[str, list[float]]:
+    """At one concurrency level: per repeat, every mode's throughput over plain's."""
+    reps: dict[int, dict[str, float]] = defaultdict(dict)
+    for r in runs:
+        if r["concurrency"] != level:
+            continue
+        good = [m for m in r["measurements"] if "error" not in m]
+        tokens = sum(m.get("output_tokens", 0) for m in good)
+        reps[r["repeat"]][r["mode"]] = tokens / r["wall_s"] if r["wall_s"] > 0 else float("nan")
+    out: dict[str, list[float]] = defaultdict(list)
+    for modes in reps.values():
+        plain = modes.get("plain")
+        if not plain:
+            continue
+        for mode, v in modes.items():
+            if mode != "plain":
+                out[f"{mode}/plain"].append(v / plain)
+        if ADAPTIVE in modes:
+            others = [v for m, v in modes.items() if m not in (ADAPTIVE,)]
+            out["adaptive/best_fixed"].append(modes[ADAPTIVE] / max(others))
+    return out
+
+
+def verdict(interval: list[float], target: float) -> str:
+    """'met' (the lower end clears the target), 'missed' (the upper end falls short), or 'undecided'."""
+    point, low, high = interval
+    if math.isnan(low):
+        return "met (one pass)" if point >= target else "missed (one pass)"
+    if low >= target:
+        return "met"
+    if high < target:
+        return "missed"
+    return "undecided"

@@ -1,0 +1,144 @@
+"""The target writes its draft's training data: it answers prompts (greedy and
+sampled), and every position of prompt and answer keeps the target's final
+hidden state, the feature an EAGLE-style draft reads. Batched like serving:
+one target forward per step over every sequence, finished ones replaced at
+once by the next prompt.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from engines.api import SamplingParams
+from engines.decode import sample_token, settle
+from engines.llama import LlamaModel
+
+
+@dataclass
+class Sample:
+    """One prompt and the target's answer, with its features."""
+
+    tokens: torch.Tensor  # [L] long: prompt then answer
+    states: torch.Tensor  # [L - 1, E · layers] bfloat16: the target's states at positions 0..L-2
+    prompt_len: int
+    category: str
+    temperature: float
+
+    @property
+    def answer_len(self) -> int:
+        return self.tokens.shape[0] - self.prompt_len
+
+
+@dataclass
+class _Row:
+    idx: int
+    ids: list[int]
+    prompt_len: int
+    sampling: SamplingParams
+    generator: torch.Generator
+    cache: object
+    states: list[torch.Tensor]
+
+
+def generate(model: LlamaModel, prompts: list[tuple[str, list[int], float]], max_new: int, eos_ids: frozenset[int],
+             seed: int, layers: tuple[int, ...] = (-1,), batch: int = 48,
+             on_done: Callable[[int, int], None] | None = None) -> list[Sample]:
+    """prompts: (category, prompt token ids, temperature); `layers`: whose states
+    to keep (-1: the final one). Returns one Sample per prompt, in order.
+    `on_done(done, answer_tokens)` reports progress."""
+    out: list[Sample | None] = [None] * len(prompts)
+    todo = list(range(len(prompts)))[::-1]
+    rows: list[_Row] = []
+    done = 0
+
+    def admit() -> None:
+        while todo and len(rows) < batch:
+            i = todo.pop()
+            _, ids, temp = prompts[i]
+            g = torch.Generator(device=model.device).manual_seed(seed * 1_000_003 + i)
+            sp = SamplingParams(max_tokens=max_new, temperature=temp)
+            row = _Row(i, list(ids), len(ids), sp, g, model.new_cache(len(ids) + max_new + 1), [])
+            logits, states = model.forward_many([(torch.tensor(ids, device=model.device), row.cache, False)],
+                                                hidden=layers)
+            row.states.append(states[0].to(torch.bfloat16))
+            first = sample_token(logits[0], sp, g)
+            row.ids.append(first)
+            if first in eos_ids:
+                finish(row)
+            else:
+                rows.append(row)
+
+    def finish(row: _Row) -> None:
+        nonlocal done
+        cat, _, temp = prompts[row.idx]
+        states = torch.cat(row.states)[: len(row.ids) - 1]
+        out[row.idx] = Sample(torch.tensor(row.ids), states, row.prompt_len, cat, temp)
+        done += 1
+        if on_done is not None:
+            on_done(done, len(row.ids) - row.prompt_len)
+
+    admit()
+    while rows:
+        logits, states = model.forward_many([(torch.tensor([r.ids[-1]], device=model.device), r.cache, False)
+                                             for r in rows], hidden=layers)
+        keep = []
+        for r, lg, st in zip(rows, logits, states):
+            r.states.append(st.to(torch.bfloat16))
+            produced = len(r.ids) - r.prompt_len
+            emitted, eos = settle([sample_token(lg, r.sampling, r.generator)], produced, r.sampling, eos_ids)
+            r.ids.extend(emitted)
+            if eos or len(r.ids) - r.prompt_len >= max_new:
+                finish(r)
+            else:
+                keep.append(r)
+        rows = keep
+        admit()
+    return [s for s in out if s is not None]
+
+
+class Progress:
+    """A progress line with rate and ETA on stderr (redrawn on a terminal)."""
+
+    def __init__(self, total: int, label: str, unit: str, log: Callable[[str], None]):
+        self.total, self.label, self.unit, self.log = max(total, 1), label, unit, log
+        self.t0 = time.monotonic()
+        self.last = 0.0
+
+    def update(self, done: int, extra: str = "", force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self.last < 10 and done < self.total:
+            return
+        self.last = now
+        elapsed = now - self.t0
+        eta = elapsed / max(done, 1e-9) * (self.total - done)
+        self.log(f"{self.label}: {done}/{self.total} {self.unit} {100 * done / self.total:5.1f}%  "
+                 f"elapsed {elapsed / 60:5.1f} min  eta {eta / 60:5.1f} min  {extra}")
+
+
+def save_samples(path, samples: list[Sample]) -> None:
+    """As safetensors (tensors only, nothing executable) plus the per-sample fields."""
+    import json
+
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for i, s in enumerate(samples):
+        tensors[f"{i}.tokens"] = s.tokens.to(torch.int32).contiguous()
+        tensors[f"{i}.states"] = s.states.contiguous()
+    meta = json.dumps([[s.prompt_len, s.category, s.temperature] for s in samples])
+    save_file(tensors, str(path), metadata={"samples": meta})
+
+
+def load_samples(path) -> list[Sample]:
+    import json
+
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = json.loads(f.metadata()["samples"])
+        return [Sample(f.get_tensor(f"{i}.tokens").long(), f.get_tensor(f"{i}.states"), p, c, t)
+                for i, (p, c, t) in enumerate(meta)]

@@ -1,0 +1,90 @@
+"""The engine measures its machine instead of assuming it.
+
+At start-up, on CPU: time a decode step with the weights as they load (dense
+BLAS) and laid out for oneDNN, with every core and with one fewer, and keep
+the fastest (logged: on one of the project's CPUs oneDNN packing wins 1.4x, on
+another it loses 1.4-1.6x). Then time forwards of a few batch shapes to fit the
+step-cost model the verification budget uses (engines/budget.py); the
+scheduler keeps refitting it from every step it runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from engines.budget import StepCost
+from engines.llama import LlamaModel, LlamaWeights, pack_for_cpu, unpack_for_cpu
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Profile:
+    threads: int
+    packed: bool
+    step_s: dict[str, float] = field(default_factory=dict)  # "<threads>t/<layout>" -> median decode step
+    cost: StepCost = field(default_factory=StepCost)
+
+    def describe(self) -> str:
+        others = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in sorted(self.step_s.items()))
+        return (f"{self.threads} threads, {'oneDNN-packed' if self.packed else 'dense'} weights (decode step: "
+                f"{others}); step cost {self.cost.a * 1e3:.1f} ms + {self.cost.b * 1e3:.2f} ms/token + "
+                f"{self.cost.c * 1e3:.2f} ms/row")
+
+
+def _median_step(model: LlamaModel, tokens: int = 1, rows: int = 1, context: int = 64, repeats: int = 7) -> float:
+    caches = [model.new_cache(context + tokens + 1) for _ in range(rows)]
+    for c in caches:
+        model.forward(torch.randint(0, 1000, (context,), device=model.device), c, all_logits=False)
+    times = []
+    for _ in range(repeats + 1):
+        for c in caches:
+            c.lengths[0] = context
+        items = [(torch.randint(0, 1000, (tokens,), device=model.device), c, tokens > 1) for c in caches]
+        t0 = time.perf_counter()
+        model.forward_many(items)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])  # the first pays for lazy initialisation
+
+
+def fit_cost(model: LlamaModel) -> StepCost:
+    """Time forwards of several (tokens, rows) shapes; least squares for a + b·tokens + c·rows."""
+    import numpy as np
+
+    shapes = [(1, 1), (3, 1), (5, 1), (9, 1), (2, 2), (4, 4), (8, 8), (16, 16), (12, 4)]
+    x, y = [], []
+    for per_row, rows in [(t // r, r) for t, r in shapes]:
+        x.append([1.0, per_row * rows, rows])
+        y.append(_median_step(model, per_row, rows, repeats=3))
+    coef, *_ = np.linalg.lstsq(np.array(x), np.array(y), rcond=None)
+    a, b, c = (float(v) for v in coef)
+    return StepCost(max(a, 1e-4), max(b, 1e-5), max(c, 0.0))
+
+
+def choose_layout(model: LlamaModel, weights: list[LlamaWeights], pack: bool | str, threads: int | None) -> Profile:
+    """Try dense and packed layouts (when allowed) and thread counts; leave the
+    fastest in place. `weights`: every weight set to lay out alike (the target's,
+    and drafts with their own)."""
+    cores = torch.get_num_threads()
+    thread_options = [threads] if threads else sorted({cores, max(1, cores - 1)}, reverse=True)
+    layouts = [False, True] if pack == "auto" else [bool(pack)]
+    timings: dict[tuple[int, bool], float] = {}
+    for layout in layouts:
+        for w in weights:
+            (pack_for_cpu if layout else unpack_for_cpu)(w)
+        for n in thread_options:
+            torch.set_num_threads(n)
+            timings[(n, layout)] = _median_step(model)
+    best_threads, best_layout = min(timings, key=timings.get)
+    for w in weights:
+        (pack_for_cpu if best_layout else unpack_for_cpu)(w)
+    torch.set_num_threads(best_threads)
+    prof = Profile(best_threads, best_layout,
+                   {f"{n}t/{'packed' if p else 'dense'}": s for (n, p), s in timings.items()})
+    prof.cost = fit_cost(model)
+    return prof

@@ -1,0 +1,119 @@
+"""The verification budget: what it admits alone and in a full batch, the
+step-cost model, per-request acceptance and the draft's calibration; and that
+output stays exactly the target's when the budget verifies fewer drafts."""
+
+import pytest
+import torch
+
+from engines import budget
+from engines.api import SamplingParams
+from engines.builtin import BuiltinEngine
+from engines.config import EngineConfig, TargetConfig
+from engines.llama import LlamaModel
+from engines.loading import LoadedModel
+from engines.proposers import ModelDraftProposer, NgramProposer
+from tests.helpers import (
+    WORDS, assert_follows, exact_joint_of_first_tokens, lean_from_hf, run_together, tiny_hf_model, tiny_loaded,
+    tiny_tokenizer, token_request,
+)
+
+COST = budget.StepCost(a=0.036, b=0.0026, c=0.002)  # SmolLM2 on the 2-core CPU, roughly
+
+
+def test_alone_nearly_every_plausible_draft_is_verified():
+    take = budget.admit([budget.survival(torch.tensor([0.6, 0.6, 0.6, 0.6]))], base_tokens=1, emitted=1,
+                        cost=COST, rows=1)
+    assert take == [4]
+    take = budget.admit([budget.survival(torch.tensor([0.02, 0.9]))], base_tokens=1, emitted=1, cost=COST, rows=1)
+    assert take == [0]  # the first token is hopeless: the second is never reached
+
+
+def test_in_a_full_batch_only_near_certain_drafts_are_verified():
+    rows = [budget.survival(torch.tensor([0.95, 0.9, 0.3])), budget.survival(torch.tensor([0.3, 0.3]))] + \
+        [[] for _ in range(30)]
+    take = budget.admit(rows, base_tokens=32, emitted=32, cost=COST, rows=32)
+    assert take[0] >= 1 and take[1] == 0
+    assert budget.threshold(COST, 32, 32, 32) > budget.threshold(COST, 1, 1, 1) * 5
+
+
+def test_admission_goes_by_survival_and_keeps_each_rows_drafts_a_prefix():
+    # threshold b·emitted/seconds rises as slots are admitted: 0.95, 0.9, 0.85, 0.8 pass, 0.2 and 0.1 do not
+    assert budget.admit([[0.9, 0.85, 0.2], [0.8, 0.1], [0.95]], base_tokens=3, emitted=3, cost=COST,
+                        rows=3) == [2, 1, 1]
+
+
+def test_the_step_cost_model_is_refitted_from_steps():
+    cost = budget.StepCost(a=0.01, b=0.01, c=0.0)
+    for tokens in range(1, 40):
+        for rows in (1, 4, 8):
+            if rows <= tokens:
+                cost.observe(tokens, rows, 0.035 + 0.003 * tokens + 0.002 * rows)
+    assert cost.a == pytest.approx(0.035, abs=0.003) and cost.b == pytest.approx(0.003, abs=0.0005)
+
+
+def test_a_collapsed_row_drifts_back_and_probes_again():
+    est = budget.AcceptanceEstimate(prior=0.5)
+    for _ in range(10):
+        est.observe(verified=4, accepted=0)
+    low = est.value
+    assert low < 0.05
+    for _ in range(40):
+        est.observe(verified=0, accepted=0)  # plain rounds: nothing verified
+    assert est.value > 0.3 > low
+
+
+def test_calibration_learns_what_confidence_means():
+    cal = budget.Calibration()
+    key = ("d", True)
+    for _ in range(200):  # confident tokens accepted, unsure ones rejected
+        cal.observe(key, torch.tensor([0.95, 0.15]), accepted=1)
+    est = cal.estimate(key, torch.tensor([0.95, 0.15]))
+    assert est[0] > 0.9 and est[1] < 0.1
+
+
+# ------------------------------------------------------------------ lossless when the budget cuts drafts
+EXPENSIVE = budget.StepCost(a=0.05, b=0.01, c=0.0)  # verification dear: the budget keeps cutting
+
+
+def engine_with(target: LlamaModel, words, cost, **drafts) -> BuiltinEngine:
+    cfg = EngineConfig(target=TargetConfig(max_context=64), drafts=[], gamma_max=4, max_queue=4096, max_batch=64)
+    hf_config = type("C", (), {"eos_token_id": 1})()
+    return BuiltinEngine(LoadedModel(target, tiny_tokenizer(words), hf_config, "t"), drafts, cfg,
+                         start_worker=False, cost=cost)
+
+
+def test_greedy_output_is_plain_output_when_the_budget_cuts_drafts():
+    target = tiny_loaded(scale=4.0)
+    sub = LlamaModel(target.model.cfg, target.model.weights, [0, 1])
+    prompts = [[5, 6, 7, 5, 6], [9, 3, 12, 30, 2, 2, 8], [20, 21, 20, 21]]
+    plain = run_together(engine_with(target.model, WORDS, EXPENSIVE), [token_request(i, p) for i, p in
+                                                                       enumerate(prompts)])
+    cut = run_together(engine_with(target.model, WORDS, EXPENSIVE, ngram=lambda cap: NgramProposer(1, 3),
+                                   half=lambda cap: ModelDraftProposer(sub, cap)),
+                       [token_request(i, p, "ngram:4" if i % 2 else "half:4") for i, p in enumerate(prompts)])
+    assert [r.token_ids for r in cut] == [r.token_ids for r in plain]
+    drafted = sum(r.stats.drafted for r in cut)
+    verified = sum(sum(r.stats.verified_per_round) for r in cut)
+    assert 0 < verified < drafted  # it verified some, and cut others
+
+
+def test_sampling_follows_the_target_when_the_budget_cuts_drafts():
+    words = WORDS[:10]
+    target = lean_from_hf(tiny_hf_model(vocab=10, seed=3, scale=1.5, layers=3))
+    sub = LlamaModel(target.cfg, target.weights, [0])
+    sp = SamplingParams(max_tokens=4, temperature=1.0, top_p=0.8, ignore_eos=True)
+    prompt = [2, 3, 4, 2, 3, 4, 2]
+    exact = exact_joint_of_first_tokens(target, prompt, sp, 4)
+    trials = 1500
+    cost = budget.StepCost(a=0.001, b=0.004, c=0.0)
+    results = run_together(engine_with(target, words, cost, half=lambda cap: ModelDraftProposer(sub, cap),
+                                       ngram=lambda cap: NgramProposer(1, 2)),
+                           [token_request(s, prompt, "half:3" if s % 2 else "ngram:3", **{**sp.__dict__, "seed": s})
+                            for s in range(trials)])
+    counts: dict = {}
+    for r in results:
+        counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
+    drafted = sum(r.stats.drafted for r in results)
+    verified = sum(sum(r.stats.verified_per_round) for r in results)
+    assert 0 < verified < drafted
+    assert_follows(exact, counts, trials, "budget")

@@ -1,0 +1,102 @@
+"""The trained-draft path on tiny models: an EAGLE-style head reading the
+target's states, with a reduced vocabulary, is lossless (greedy identity,
+sampled distribution), its artifact is refused for another target, and
+distillation learns (the loss falls on the target's own data)."""
+
+import pytest
+import torch
+
+from engines.api import SamplingParams
+from engines.builtin import BuiltinEngine
+from engines.config import EngineConfig, TargetConfig
+from engines.distill.data import generate, load_samples, save_samples
+from engines.distill.model import EagleHead
+from engines.distill.train import agreement, train
+from engines.loading import LoadedModel, fingerprint
+from engines.proposers.eagle import EagleDraft, EagleProposer, load_draft, save_draft
+from tests.helpers import (
+    WORDS, assert_follows, exact_joint_of_first_tokens, lean_from_hf, run_together, tiny_hf_model, tiny_loaded,
+    tiny_tokenizer, token_request,
+)
+
+LAYERS = (0, -1)  # a low layer and the final state, as the shipped draft reads three
+
+
+def eagle_for(target, vocab_ids, seed=0) -> EagleDraft:
+    torch.manual_seed(seed)
+    head = EagleHead(target.weights, target.cfg, vocab_ids, LAYERS)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    return EagleDraft(target, {k: v.detach() for k, v in head.export().items()}, vocab_ids, LAYERS)
+
+
+def engine_over(target, words, **drafts) -> BuiltinEngine:
+    cfg = EngineConfig(target=TargetConfig(max_context=96), drafts=[], gamma_max=6, max_queue=4096, max_batch=64)
+    hf_config = type("C", (), {"eos_token_id": 1})()
+    return BuiltinEngine(LoadedModel(target, tiny_tokenizer(words), hf_config, "t"), drafts, cfg, start_worker=False)
+
+
+def test_greedy_output_with_the_eagle_draft_is_plain_output():
+    target = lean_from_hf(tiny_hf_model(seed=0, scale=4.0))
+    draft = eagle_for(target, torch.arange(2, 30))  # a reduced vocabulary: the draft cannot say every token
+    prompts = [[5, 6, 7, 5, 6], [9, 3, 12, 30, 2, 2, 8], [20], [33, 34, 33, 34]]
+    plain = run_together(engine_over(target, WORDS), [token_request(i, p, max_tokens=24) for i, p in
+                                                      enumerate(prompts)])
+    for gamma in (1, 3, 6):
+        spec = run_together(engine_over(target, WORDS, eagle=lambda cap: EagleProposer(draft, cap)),
+                            [token_request(i, p, f"eagle:{gamma}", max_tokens=24) for i, p in enumerate(prompts)])
+        assert [r.token_ids for r in spec] == [r.token_ids for r in plain], gamma
+        assert all(d <= gamma for r in spec for d in r.stats.drafted_per_round)
+        assert sum(r.stats.drafted for r in spec) > 0
+
+
+@pytest.mark.parametrize("sp", [
+    SamplingParams(max_tokens=4, temperature=0.7, top_p=0.9, ignore_eos=True),
+    SamplingParams(max_tokens=4, temperature=1.0, top_p=0.8, top_k=6, ignore_eos=True),
+])
+def test_sampling_with_a_reduced_vocabulary_follows_the_target(sp):
+    words = WORDS[:10]
+    target = lean_from_hf(tiny_hf_model(vocab=10, seed=3, scale=1.5, layers=3))
+    draft = eagle_for(target, torch.tensor([2, 3, 4, 5, 7, 8]))  # q is zero for 0, 1, 6 and 9
+    prompt = [2, 3, 4, 2, 3, 4, 2]
+    exact = exact_joint_of_first_tokens(target, prompt, sp, 4)
+    trials = 2000
+    results = run_together(engine_over(target, words, eagle=lambda cap: EagleProposer(draft, cap)),
+                           [token_request(s, prompt, "eagle:2", **{**sp.__dict__, "seed": s}) for s in range(trials)])
+    counts: dict = {}
+    for r in results:
+        counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
+    assert sum(r.stats.accepted for r in results) > trials // 4  # the draft carried a good share
+    assert_follows(exact, counts, trials, "eagle")
+
+
+def test_a_draft_made_for_another_target_is_refused_naming_both(tmp_path):
+    mine, other = tiny_loaded(seed=0), tiny_loaded(seed=1)
+    head = EagleHead(mine.model.weights, mine.model.cfg, torch.arange(10), LAYERS)
+    save_draft(tmp_path, head.export(), torch.arange(10), {"target_fingerprint": fingerprint(mine),
+                                                           "feature_layers": list(LAYERS)})
+    tensors, ids, card = load_draft(tmp_path, fingerprint(mine))
+    assert ids.tolist() == list(range(10)) and card["feature_layers"] == [0, -1]
+    assert (tmp_path / "draft.safetensors").stat().st_size < 200_000
+    with pytest.raises(ValueError) as e:
+        load_draft(tmp_path, fingerprint(other))
+    assert fingerprint(mine) in str(e.value) and fingerprint(other) in str(e.value)
+    assert fingerprint(mine) == fingerprint(tiny_loaded(seed=0))  # the same model, loaded again
+
+
+def test_distillation_learns_on_the_targets_own_answers(tmp_path):
+    target = lean_from_hf(tiny_hf_model(seed=0, scale=4.0, dtype=torch.float32), dtype=torch.float32)
+    prompts = [("t", [int(x) for x in torch.randint(2, 38, (6,), generator=torch.Generator().manual_seed(i))],
+                [0.0, 1.0][i % 2]) for i in range(24)]
+    samples = generate(target, prompts, 24, frozenset({1}), seed=0, layers=LAYERS, batch=8)
+    assert len(samples) == 24 and all(s.states.shape == (s.tokens.shape[0] - 1, 2 * 32) for s in samples)
+    save_samples(tmp_path / "d.safetensors", samples)
+    again = load_samples(tmp_path / "d.safetensors")
+    assert torch.equal(again[3].tokens, samples[3].tokens) and torch.equal(again[3].states, samples[3].states)
+    head = EagleHead(target.weights, target.cfg, torch.arange(38), LAYERS)
+    before = agreement(head, samples[20:], 32)[0]
+    train(head, samples[:20], steps=60, seq_len=32, batch=4, lr=3e-3, seed=0, checkpoint=tmp_path / "ck.pt",
+          log=lambda m: None, tts_steps=2, checkpoint_every=20)
+    after = agreement(head, samples[:20], 32)
+    assert after[0] > before + 0.2 and (tmp_path / "ck.pt").exists()
