@@ -170,6 +170,7 @@ def targets(intervals_c1: dict, intervals_high: dict, curve: dict | None, high_c
     """The targets, each judged on its 95% interval (bench/specbench/intervals.py)."""
     from bench.specbench.intervals import verdict
 
+    intervals_c1, intervals_high = intervals_c1 or {}, intervals_high or {}
     out = []
     for key, goal, text in (("adaptive/plain", 1.3, "c=1: adaptive ≥ 1.3x plain"),
                             ("adaptive/best_fixed", 1.15, "c=1: adaptive ≥ 1.15x the best fixed configuration"),

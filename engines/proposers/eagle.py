@@ -1,6 +1,7 @@
 """Drafting with a trained EAGLE-style head (engines/distill/): one decoder layer
-that reads the target's own final hidden states, so the draft starts from what
-the target already computed, and a head over the tokens the target writes most
+that reads the target's own hidden states (from a low, a middle and the last
+layer, as EAGLE-3 does), so the draft starts from what the target already
+computed, and a head over the tokens the target writes most
 (the rows of the target's own LM head for them).
 
 Per request the draft keeps its layer's KV cache over the positions the target

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from bench.specbench import analysis, cli
+from bench.specbench import analysis, cli, intervals
 from bench.specbench.runner import ADAPTIVE, Progress, rotated
 from bench.specbench.workload import WorkloadError, build_workload, read_rows
 from tests.helpers import start_gateway
@@ -79,14 +79,38 @@ def test_learning_curve_is_relative_to_the_oracle_and_reports_when_it_gets_there
 
 
 def test_concurrency_table_and_targets():
-    runs = [dict(concurrency=16, mode=mode, wall_s=wall, measurements=[m(0, mode, 100, 1.0, conc=16)])
-            for mode, wall in (("plain", 10.0), ("ngram:4", 12.5), (ADAPTIVE, 9.0))]
-    conc = analysis.concurrency_table(runs)
+    runs = [dict(concurrency=16, mode=mode, repeat=rep, wall_s=wall + 0.1 * rep,
+                 measurements=[m(0, mode, 100, 1.0, conc=16)])
+            for rep in range(3) for mode, wall in (("plain", 10.0), ("ngram:4", 12.5), (ADAPTIVE, 9.0))]
+    conc = analysis.concurrency_table([r for r in runs if r["repeat"] == 0])
     assert conc["16"]["ngram:4"]["vs_plain"] == pytest.approx(0.8)
-    t = analysis.targets(None, conc, None, 16)
-    assert [x["ok"] for x in t] == [True, True]
-    runs[2]["wall_s"] = 11.0
-    assert [x["ok"] for x in analysis.targets(None, analysis.concurrency_table(runs), None, 16)] == [False, True]
+
+    def judged(runs):
+        iv = {k: intervals.repeats_interval(v) for k, v in intervals.per_repeat_ratios(runs, 16).items()}
+        return [x["verdict"] for x in analysis.targets(None, iv, None, 16)]
+
+    assert judged(runs) == ["met", "met"]  # 1.11x plain, and above every fixed configuration, every repeat
+    for r in runs:
+        if r["mode"] == ADAPTIVE:
+            r["wall_s"] = 11.0
+    assert judged(runs) == ["missed", "missed"]
+
+
+def test_the_bootstrap_interval_is_tight_on_a_steady_effect_and_wide_on_a_noisy_one():
+    import random
+
+    rng = random.Random(0)
+    steady, noisy = [], []
+    for i in range(40):
+        steady += [m(i, "plain", 100, 10.0), m(i, ADAPTIVE, 100, 8.0 + 0.01 * rng.random())]
+        wild = 5.0 + 10.0 * rng.random()  # each request's own speed ratio anywhere in 0.5-1.5x
+        noisy += [m(i, "plain", 100, 10.0), m(i, ADAPTIVE, 100, wild)]
+    point, low, high = intervals.bootstrap_c1(steady, ["plain"], b=200)["adaptive/plain"]
+    assert low <= point <= high and high - low < 0.01 and intervals.verdict([point, low, high], 1.2) == "met"
+    point, low, high = intervals.bootstrap_c1(noisy, ["plain"], b=200)["adaptive/plain"]
+    assert high - low > 0.1 and low <= point <= high
+    assert intervals.verdict([point, low, high], point) == "undecided"
+    assert intervals.verdict([point, low, high], high + 0.01) == "missed"
 
 
 def test_progress_prints_in_tenths_off_a_terminal():

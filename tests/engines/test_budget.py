@@ -13,8 +13,15 @@ from engines.llama import LlamaModel
 from engines.loading import LoadedModel
 from engines.proposers import ModelDraftProposer, NgramProposer
 from tests.helpers import (
-    WORDS, assert_follows, exact_joint_of_first_tokens, lean_from_hf, run_together, tiny_hf_model, tiny_loaded,
-    tiny_tokenizer, token_request,
+    WORDS,
+    assert_follows,
+    exact_joint_of_first_tokens,
+    lean_from_hf,
+    run_together,
+    tiny_hf_model,
+    tiny_loaded,
+    tiny_tokenizer,
+    token_request,
 )
 
 COST = budget.StepCost(a=0.036, b=0.0026, c=0.002)  # SmolLM2 on the 2-core CPU, roughly

@@ -15,8 +15,15 @@ from engines.distill.train import agreement, train
 from engines.loading import LoadedModel, fingerprint
 from engines.proposers.eagle import EagleDraft, EagleProposer, load_draft, save_draft
 from tests.helpers import (
-    WORDS, assert_follows, exact_joint_of_first_tokens, lean_from_hf, run_together, tiny_hf_model, tiny_loaded,
-    tiny_tokenizer, token_request,
+    WORDS,
+    assert_follows,
+    exact_joint_of_first_tokens,
+    lean_from_hf,
+    run_together,
+    tiny_hf_model,
+    tiny_loaded,
+    tiny_tokenizer,
+    token_request,
 )
 
 LAYERS = (0, -1)  # a low layer and the final state, as the shipped draft reads three

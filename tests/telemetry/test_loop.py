@@ -61,7 +61,8 @@ def test_retrain_promote_and_the_running_gateway_serves_the_new_version(rclient,
         assert retrainer.consume(block_ms=100) == 0  # everything acknowledged: read once
         model = retrainer.maybe_retrain(force=True)
         assert model is not None and retrainer.promoted == [model.version]
-        assert model.metrics["offline_value"] >= model.metrics["live_offline_value"]
+        judged = model.metrics["judgement"]  # promoted only on a lower bound of the gain above zero
+        assert judged["promoted"] and judged["lower_bound"] > 0 and judged["candidate_value"] > judged["live_value"]
 
         t0 = time.perf_counter()
         while policy.model.version != model.version and time.perf_counter() - t0 < 5:
