@@ -13,13 +13,18 @@ A token's survival is the product of the estimates up to it: the expected number
 of tokens it adds if verified.
 
 Per step, the batch has one budget: the target forward costs about
-a + b·tokens + c·rows seconds (the step-cost model, profiled at start-up and
-refitted from every step). Verifying one more draft token adds b seconds and
-its survival in expected tokens; slots are admitted in order of survival while
-that beats the batch's current rate (tokens emitted per second):
-survival > b · emitted / seconds. Alone, nearly every plausible draft is
-verified; in a saturated batch only near-certain ones are. Verifying fewer
-drafts is only a smaller k: output stays exactly the target's.
+a + b·tokens + c·rows (+ d once it feeds more than one token) seconds (the
+step-cost model, profiled at start-up and refitted from every step). Verifying
+one more draft token adds b seconds and its survival in expected tokens; slots
+are admitted in order of survival while that beats the batch's current rate
+(tokens emitted per second): survival > b · emitted / seconds. A lone decoding
+row also pays d for its first verified token, so its prefixes are judged whole.
+Alone, plausible drafts are verified; in a saturated batch only near-certain
+ones are. Verifying fewer drafts is only a smaller k: output stays exactly the
+target's.
+
+Drafting is priced the same way: a model draft keeps drafting while its next
+token's survival beats (b + its measured drafting seconds per token) · rate.
 """
 
 from __future__ import annotations
@@ -31,16 +36,19 @@ import torch
 
 
 class StepCost:
-    """Seconds of one target forward: a + b · tokens + c · rows, least squares
-    over a sliding window of measured steps."""
+    """Seconds of one target forward: a + b · tokens + c · rows + d · [tokens > 1],
+    least squares over a sliding window of measured steps. `d` is what leaving
+    the one-token kernels costs: on CPU a forward of a single token runs
+    matrix-vector kernels, and its second token costs several times what each
+    further one does (SmolLM2 here: +6.4 ms, then +2.5 ms per token)."""
 
-    def __init__(self, a: float = 0.03, b: float = 0.002, c: float = 0.0, window: int = 400):
-        self.a, self.b, self.c = a, b, c
+    def __init__(self, a: float = 0.03, b: float = 0.002, c: float = 0.0, d: float = 0.0, window: int = 400):
+        self.a, self.b, self.c, self.d = a, b, c, d
         self._obs: collections.deque = collections.deque(maxlen=window)
         self._since_fit = 0
 
     def seconds(self, tokens: int, rows: int) -> float:
-        return self.a + self.b * tokens + self.c * rows
+        return self.a + self.b * tokens + self.c * rows + (self.d if tokens > 1 else 0.0)
 
     def observe(self, tokens: int, rows: int, seconds: float) -> None:
         self._obs.append((tokens, rows, seconds))
@@ -52,17 +60,23 @@ class StepCost:
         self._since_fit = 0
         if len(self._obs) < 20:
             return
-        x = np.array([[1.0, t, r] for t, r, _ in self._obs])
+        x = np.array([[1.0, t, r, float(t > 1)] for t, r, _ in self._obs])
         y = np.array([s for *_, s in self._obs])
-        if np.ptp(x[:, 1]) == 0:  # every step the same size: the slope is not observable, keep it
-            self.a = float(np.median(y - self.b * x[:, 1] - self.c * x[:, 2]))
-            return
-        # ridge toward the current fit: a window of identical rows must not swing the slopes
-        prior = np.array([self.a, self.b, self.c])
-        lam = 1e-3 * len(y)
-        coef = np.linalg.solve(x.T @ x + lam * np.diag([0.0, 100.0, 100.0]),
-                               x.T @ y + lam * np.array([0.0, 100.0, 100.0]) * prior)
-        self.a, self.b, self.c = max(float(coef[0]), 1e-4), max(float(coef[1]), 1e-5), max(float(coef[2]), 0.0)
+        # a column that does not vary in the window is not observable: its coefficient stays as it is
+        fixed = [j for j in (1, 2, 3) if np.ptp(x[:, j]) == 0]
+        prior = np.array([self.a, self.b, self.c, self.d])
+        free = [j for j in range(4) if j not in fixed]
+        y = y - x[:, fixed] @ prior[fixed]
+        x = x[:, free]
+        # ridge toward the current fit: a window of similar steps must not swing the slopes
+        # (scaled per column, so that a 0/1 column is held as firmly as a token count)
+        lam = 1e-3 * np.array([0.0 if j == 0 else float(x[:, k] @ x[:, k]) for k, j in enumerate(free)])
+        coef = np.linalg.solve(x.T @ x + np.diag(lam), x.T @ y + lam * prior[free])
+        new = dict(zip(free, coef))
+        self.a = max(float(new.get(0, self.a)), 1e-4)
+        self.b = max(float(new.get(1, self.b)), 1e-5)
+        self.c = max(float(new.get(2, self.c)), 0.0)
+        self.d = max(float(new.get(3, self.d)), 0.0)
 
 
 class AcceptanceEstimate:
@@ -97,6 +111,12 @@ class Calibration:
             t = self._tables[key] = np.stack([np.full(self.BINS, 2.0), np.full(self.BINS, 4.0)])
         return t
 
+    def value(self, key, confidence: float) -> float:
+        """One token's estimate (what a model draft multiplies while it drafts)."""
+        t = self._table(key)
+        b = min(max(int(confidence * self.BINS), 0), self.BINS - 1)
+        return float(t[0][b] / t[1][b])
+
     def estimate(self, key, confidence: torch.Tensor) -> torch.Tensor:
         t = self._table(key)
         bins = (confidence.clamp(0, 0.9999) * self.BINS).long().numpy()
@@ -120,6 +140,8 @@ def admit(survivals: list[list[float]], base_tokens: int, emitted: int, cost: St
     (non-increasing in j). base_tokens: tokens the forward feeds anyway (one per
     decoding row, prefill chunks); emitted: tokens the step emits anyway (one per
     decoding row). Greedy on survival while it beats the batch's rate."""
+    if base_tokens == 1 and len(survivals) == 1:
+        return [_best_prefix(survivals[0], emitted, cost, rows)]
     slots = sorted(((s, r, j) for r, ss in enumerate(survivals) for j, s in enumerate(ss)), reverse=True)
     take = [0] * len(survivals)
     tokens, gain = base_tokens, float(emitted)
@@ -127,12 +149,25 @@ def admit(survivals: list[list[float]], base_tokens: int, emitted: int, cost: St
         if j != take[r]:  # a row's drafts are verified as a prefix
             continue
         seconds = cost.seconds(tokens, rows)
-        if s * seconds <= cost.b * max(gain, 1e-9):  # s / b <= gain / seconds: it would lower the rate
+        added = cost.seconds(tokens + 1, rows) - seconds
+        if s * seconds <= added * max(gain, 1e-9):  # s / added <= gain / seconds: it would lower the rate
             break
         take[r] += 1
         tokens += 1
         gain += s
     return take
+
+
+def _best_prefix(survivals: list[float], emitted: int, cost: StepCost, rows: int) -> int:
+    """A lone decoding row: the first verified token also pays the step-cost jump
+    (d), so prefixes are judged whole: the k that maximises tokens per second."""
+    best_k, best_rate, gain = 0, emitted / cost.seconds(1, rows), float(emitted)
+    for k, s in enumerate(survivals, start=1):
+        gain += s
+        rate = gain / cost.seconds(1 + k, rows)
+        if rate > best_rate:
+            best_k, best_rate = k, rate
+    return best_k
 
 
 def survival(estimates: torch.Tensor) -> list[float]:
@@ -144,10 +179,11 @@ def survival(estimates: torch.Tensor) -> list[float]:
     return out
 
 
-def threshold(cost: StepCost, tokens: int, rows: int, emitted: int) -> float:
-    """The least survival worth verifying in a step of this size (what drafting
-    aims at: a model draft stops before its confidence falls below it)."""
+def threshold(cost: StepCost, tokens: int, rows: int, emitted: int, drafting_s: float = 0.0) -> float:
+    """The least survival worth drafting and verifying in a step of this size:
+    a token costs its verification (b) and its drafting (`drafting_s`, zero for
+    prompt lookup) and must bring at least the batch's rate back. A model draft
+    stops before its estimate falls below it."""
     if emitted <= 0:
         return 0.0
-    return min(1.0, cost.b * emitted / max(cost.seconds(tokens, rows), 1e-9))
-
+    return min(1.0, (cost.b + drafting_s) * emitted / max(cost.seconds(tokens, rows), 1e-9))

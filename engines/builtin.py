@@ -172,6 +172,7 @@ class BuiltinEngine:
         self._load = LoadSnapshot(kv_limit_tokens=config.kv_budget_tokens)
         self._closed = False
         self._worker: threading.Thread | None = None
+        self._loop_guard, self._looping = threading.Lock(), False  # one decode loop per engine
         if start_worker:
             self._worker = threading.Thread(target=self.serve_forever, name="specgate-engine", daemon=True)
             self._worker.start()
@@ -247,6 +248,10 @@ class BuiltinEngine:
     def serve_forever(self) -> None:
         """Run the batching loop on the calling thread until close(); what is queued
         at close is still served."""
+        with self._loop_guard:
+            if self._looping:
+                raise RuntimeError("the decode loop is already running (the engine was built with start_worker=True)")
+            self._looping = True
         sched, closing = self._sched, False
         while True:
             idle = not sched.running and not sched.waiting

@@ -34,7 +34,7 @@ class Profile:
         others = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in sorted(self.step_s.items()))
         return (f"{self.threads} threads, {'oneDNN-packed' if self.packed else 'dense'} weights (decode step: "
                 f"{others}); step cost {self.cost.a * 1e3:.1f} ms + {self.cost.b * 1e3:.2f} ms/token + "
-                f"{self.cost.c * 1e3:.2f} ms/row")
+                f"{self.cost.c * 1e3:.2f} ms/row + {self.cost.d * 1e3:.1f} ms beyond one token")
 
 
 def _median_step(model: LlamaModel, tokens: int = 1, rows: int = 1, context: int = 64, repeats: int = 7) -> float:
@@ -54,17 +54,19 @@ def _median_step(model: LlamaModel, tokens: int = 1, rows: int = 1, context: int
 
 
 def fit_cost(model: LlamaModel) -> StepCost:
-    """Time forwards of several (tokens, rows) shapes; least squares for a + b·tokens + c·rows."""
+    """Time forwards of several (tokens, rows) shapes; least squares for
+    a + b·tokens + c·rows + d·[tokens > 1]."""
     import numpy as np
 
-    shapes = [(1, 1), (3, 1), (5, 1), (9, 1), (2, 2), (4, 4), (8, 8), (16, 16), (12, 4)]
+    shapes = [(1, 1), (2, 1), (3, 1), (5, 1), (9, 1), (2, 2), (4, 4), (8, 8), (16, 16), (12, 4)]
     x, y = [], []
     for per_row, rows in [(t // r, r) for t, r in shapes]:
-        x.append([1.0, per_row * rows, rows])
+        tokens = per_row * rows
+        x.append([1.0, tokens, rows, float(tokens > 1)])
         y.append(_median_step(model, per_row, rows, repeats=3))
     coef, *_ = np.linalg.lstsq(np.array(x), np.array(y), rcond=None)
-    a, b, c = (float(v) for v in coef)
-    return StepCost(max(a, 1e-4), max(b, 1e-5), max(c, 0.0))
+    a, b, c, d = (float(v) for v in coef)
+    return StepCost(max(a, 1e-4), max(b, 1e-5), max(c, 0.0), max(d, 0.0))
 
 
 def choose_layout(model: LlamaModel, weights: list[LlamaWeights], pack: bool | str, threads: int | None) -> Profile:

@@ -15,6 +15,7 @@ KV reservation (prompt + max_tokens + γ_max + 1 positions) fits the budget.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -90,7 +91,8 @@ class Scheduler:
         self.kv_used = 0
         self.last_step_tokens = 0
         self.step_s = 0.0
-        self._threshold = 0.0  # the last step's admission threshold: what drafting aims at
+        self._load = (0, 0, 0)  # the last step's (tokens, rows, emitted): what drafting aims at
+        self.drafting_s: dict[str, float] = {}  # per draft: measured seconds per drafted token
 
     # admission
     def reservation(self, handle) -> int:
@@ -118,10 +120,12 @@ class Scheduler:
                                 queue_s=now - handle.enqueued_at)
         cache = self.model.new_cache(reserved)
         proposer = self.drafts[req.arm.draft](reserved) if not req.arm.is_plain else None
+        fixed = req.fixed_gamma or not self.adaptive
+        if proposer is not None and not fixed:  # a model draft stops on calibrated estimates, not raw confidence
+            proposer.calibrate = functools.partial(self.calibration.value, (req.arm.draft, sp.temperature == 0))
         return Running(handle, sp, req.arm.gamma, req.arm.draft, list(handle.prompt_ids), len(handle.prompt_ids),
                        cache, proposer, torch.Generator(device=self.model.device).manual_seed(seed), stats,
-                       IncrementalText(self.tokenizer, sp.stop), now, reserved, req.min_confidence,
-                       req.fixed_gamma or not self.adaptive)
+                       IncrementalText(self.tokenizer, sp.stop), now, reserved, req.min_confidence, fixed)
 
     # one step
     def step(self) -> None:
@@ -190,7 +194,7 @@ class Scheduler:
             for p, k in zip(adapt, takes):
                 if k > 0:
                     p.kind, p.take, p.proposal = "verify", k, p.proposal.truncate(k)
-        self._threshold = budget.threshold(self.cost, base_tokens, len(plans), round(emitted))
+        self._load = (base_tokens, len(plans), round(emitted))
         return plans
 
     def _survival(self, p: Plan) -> list[float]:
@@ -252,22 +256,27 @@ class Scheduler:
             if k <= 0:
                 continue
             if not r.fixed:
-                if r.proposer.drafting_costs and r.acceptance.value < self._threshold:
+                # the least survival worth drafting and verifying at the last step's load
+                least = budget.threshold(self.cost, *self._load, self.drafting_s.get(r.draft, 0.0))
+                if r.proposer.drafting_costs and r.acceptance.value < least:
                     continue  # too unlikely to pay at this load: a plain round (its estimate drifts back)
-                # a model draft stops where its tokens would not be worth verifying (the last step's threshold)
-                r.proposer.min_confidence = max(r.min_confidence, self._threshold)
+                r.proposer.min_confidence = max(r.min_confidence, least)  # a model draft stops there
             else:
                 r.proposer.min_confidence = r.min_confidence
             key = r.proposer.batch_key
             if key is None:
+                t0 = time.perf_counter()
                 try:
                     out[id(r)] = r.proposer.propose(r.tokens, k, r.sampling, r.generator)
                 except Exception as e:  # noqa: BLE001 - one broken proposer fails its own request only
                     self._fail(r, e)
+                    continue
+                self._time_drafting(r, time.perf_counter() - t0, [out[id(r)]])
                 continue
             groups.setdefault(id(key), []).append((r, k))
         for group in groups.values():
             proposer = group[0][0].proposer
+            t0 = time.perf_counter()
             try:
                 props = type(proposer).propose_batch([(r.proposer, r.tokens, k, r.sampling, r.generator)
                                                       for r, k in group])
@@ -275,8 +284,18 @@ class Scheduler:
                 for r, _ in group:
                     self._fail(r, e)
                 continue
+            self._time_drafting(group[0][0], time.perf_counter() - t0, props)
             out.update((id(r), p) for (r, _), p in zip(group, props))
         return {i: p for i, p in out.items() if p.token_ids.numel()}
+
+    def _time_drafting(self, r: Running, seconds: float, props: list[Proposal]) -> None:
+        """Seconds per drafted token of a model draft (a moving average): the
+        drafting price in the step budget. Prompt lookup's is left at zero."""
+        n = sum(int(p.token_ids.numel()) for p in props)
+        if not r.proposer.drafting_costs or n == 0:
+            return
+        old = self.drafting_s.get(r.draft)
+        self.drafting_s[r.draft] = seconds / n if old is None else 0.9 * old + 0.1 * seconds / n
 
     def _fail(self, r: Running, e: BaseException) -> None:
         log.error("request %s failed: %s", r.handle.request_id, e, exc_info=e)

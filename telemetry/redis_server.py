@@ -94,16 +94,36 @@ class PrivateRedis:
         with os.fdopen(fd, "w") as f:
             # appendonly: a restart keeps what was written before
             f.write(f"port {self.port}\nbind 127.0.0.1\nprotected-mode yes\ndir {self.dir}\n"
-                    f"appendonly yes\nsave \"\"\nrequirepass {self.password}\n")
+                    f"appendonly yes\nsave \"\"\nrequirepass {self.password}\n"
+                    f"logfile {self.dir / 'redis.log'}\n")
         return conf
 
-    def start(self, timeout: float = 10.0) -> None:
+    def _log_tail(self, lines: int = 8) -> str:
+        try:
+            return "\n".join((self.dir / "redis.log").read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def start(self, timeout: float = 10.0, attempts: int = 3) -> None:
+        """Start redis-server and wait for its port. A start that dies is tried
+        again (after a SIGKILL the data directory can need a moment); the last
+        failure raises with the tail of redis.log."""
+        for attempt in range(attempts):
+            try:
+                return self._start_once(timeout)
+            except RuntimeError:
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(0.5 * (attempt + 1))
+
+    def _start_once(self, timeout: float) -> None:
         self.proc = subprocess.Popen([self._binary, str(self._config())], stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited at start (code {self.proc.returncode}) on port {self.port}")
+                raise RuntimeError(f"redis-server exited at start (code {self.proc.returncode}) on port "
+                                   f"{self.port}; {self.dir / 'redis.log'} ends:\n{self._log_tail()}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
                     return

@@ -35,7 +35,8 @@ class Proposer(Protocol):
     needs_states: tuple[int, ...] | bool  # target layers (-1: final) whose states it reads at every position
     batch_key: object  # proposers with the same non-None key draft together (propose_batch)
     drafting_costs: bool  # drafting runs a model (skip it when its tokens would not be verified)
-    min_confidence: float  # a model draft stops once its running confidence falls below this
+    min_confidence: float  # a model draft stops once its running estimate falls below this
+    calibrate: object  # None, or confidence -> estimated acceptance (set by the scheduler)
 
     def propose(self, context: list[int], gamma: int, sampling: SamplingParams,
                 generator: torch.Generator) -> Proposal:
@@ -60,6 +61,12 @@ class ProposerBase:
     batch_key = None
     drafting_costs = False
     min_confidence = 0.0
+    calibrate = None
+
+    def estimate(self, confidence: float) -> float:
+        """A drafted token's chance of acceptance: calibrated when the scheduler
+        has a calibration for this draft, else the raw confidence."""
+        return confidence if self.calibrate is None else self.calibrate(confidence)
 
     def observe(self, verified: int, accepted: int) -> None:
         pass

@@ -130,7 +130,7 @@ class EagleProposer(ProposerBase):
                 toks[i].append(j)
                 qs[i].append(q)
                 conf[i].append(top)
-                running[i] *= top
+                running[i] *= p.estimate(top)
                 if len(toks[i]) < k and running[i] >= p.min_confidence:
                     feed.append(i)
             if not feed:

@@ -61,30 +61,34 @@ def propose_many(model: LlamaModel, requests: list[tuple[ModelDraftProposer, lis
     tokens: dict[int, list[torch.Tensor]] = {i: [] for i in live}
     probs: dict[int, list[torch.Tensor]] = {i: [] for i in live}
     conf: dict[int, list[float]] = {i: [] for i in live}
+    running = dict.fromkeys(live, 1.0)  # the survival estimate of the drafts so far
     if live:
         outs = model.forward_many([(requests[i][0].catch_up(requests[i][1]), requests[i][0].cache, False)
                                    for i in live])
         logits = dict(zip(live, outs))
+        active = list(live)
         for step in range(max(gammas[i] for i in live)):
             feed = []
-            for i in live:
-                if step >= gammas[i]:
-                    continue
+            for i in active:
                 proposer, _, _, sampling, generator = requests[i]
                 q = logits_to_probs(logits[i], sampling)  # [1, V]
                 # confidence from the unshaped distribution (greedy shaping is one-hot: always 1)
-                conf[i].append(float(logits[i][0].float().softmax(-1).max()))
+                top = float(logits[i][0].float().softmax(-1).max())
+                conf[i].append(top)
+                running[i] *= proposer.estimate(top)
                 if sampling.temperature == 0:
                     tok = q.argmax(dim=-1)
                 else:
                     tok = torch.multinomial(q, 1, generator=generator).squeeze(-1)
                 tokens[i].append(tok)
                 probs[i].append(q)
-                if step + 1 < gammas[i]:  # the last draft token is never fed: verification will
+                if step + 1 < gammas[i] and running[i] >= proposer.min_confidence:
+                    # the last draft token is never fed: verification will
                     proposer.cached_ids.append(int(tok))
                     feed.append(i)
             if not feed:
                 break
+            active = feed
             outs = model.forward_many([(tokens[i][-1], requests[i][0].cache, False) for i in feed])
             logits.update(zip(feed, outs))
     # the draft's confidence in each token: its top probability (calibrated by the scheduler)

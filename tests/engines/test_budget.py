@@ -49,6 +49,21 @@ def test_admission_goes_by_survival_and_keeps_each_rows_drafts_a_prefix():
                         rows=3) == [2, 1, 1]
 
 
+def test_a_lone_row_pays_the_jump_beyond_one_token_so_judges_its_prefix_whole():
+    jump = budget.StepCost(a=COST.a, b=COST.b, c=COST.c, d=0.0064)
+    weak = [budget.survival(torch.tensor([0.15]))]
+    assert budget.admit(weak, base_tokens=1, emitted=1, cost=COST, rows=1) == [1]  # worth b alone
+    assert budget.admit(weak, base_tokens=1, emitted=1, cost=jump, rows=1) == [0]  # not worth b + d
+    # a weak first token that carries strong ones is verified: the whole prefix pays for the jump
+    assert budget.admit([budget.survival(torch.tensor([0.6, 0.9, 0.9]))], base_tokens=1, emitted=1, cost=jump,
+                        rows=1) == [3]
+
+
+def test_drafting_cost_raises_the_least_survival_worth_drafting():
+    assert budget.threshold(COST, 1, 1, 1, drafting_s=0.003) > 2 * budget.threshold(COST, 1, 1, 1)
+    assert budget.threshold(COST, 1, 1, 0) == 0.0
+
+
 def test_the_step_cost_model_is_refitted_from_steps():
     cost = budget.StepCost(a=0.01, b=0.01, c=0.0)
     for tokens in range(1, 40):
@@ -56,6 +71,18 @@ def test_the_step_cost_model_is_refitted_from_steps():
             if rows <= tokens:
                 cost.observe(tokens, rows, 0.035 + 0.003 * tokens + 0.002 * rows)
     assert cost.a == pytest.approx(0.035, abs=0.003) and cost.b == pytest.approx(0.003, abs=0.0005)
+
+
+def test_the_jump_beyond_one_token_is_fitted_and_kept_when_not_observable():
+    cost = budget.StepCost(a=0.01, b=0.01, c=0.0, d=0.0)
+    for tokens in range(1, 12):
+        for _ in range(10):
+            cost.observe(tokens, 1, 0.036 + 0.0025 * tokens + 0.0064 * (tokens > 1))
+    assert cost.d == pytest.approx(0.0064, abs=0.001) and cost.b == pytest.approx(0.0025, abs=0.0003)
+    cost = budget.StepCost(a=0.03, b=0.0025, c=0.0, d=0.0064)
+    for _ in range(100):  # only one-token steps: d (and b, c) are not observable and stay
+        cost.observe(1, 1, 0.04)
+    assert cost.d == 0.0064 and cost.b == 0.0025 and cost.a + cost.b == pytest.approx(0.04, abs=0.001)
 
 
 def test_a_collapsed_row_drifts_back_and_probes_again():
@@ -76,6 +103,7 @@ def test_calibration_learns_what_confidence_means():
         cal.observe(key, torch.tensor([0.95, 0.15]), accepted=1)
     est = cal.estimate(key, torch.tensor([0.95, 0.15]))
     assert est[0] > 0.9 and est[1] < 0.1
+    assert cal.value(key, 0.95) == pytest.approx(float(est[0]))
 
 
 # ------------------------------------------------------------------ lossless when the budget cuts drafts
