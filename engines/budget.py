@@ -179,11 +179,13 @@ def survival(estimates: torch.Tensor) -> list[float]:
     return out
 
 
-def threshold(cost: StepCost, tokens: int, rows: int, emitted: int, drafting_s: float = 0.0) -> float:
+def threshold(cost: StepCost, tokens: int, rows: int, emitted: int, drafting_s: float = 0.0,
+              first: bool = False) -> float:
     """The least survival worth drafting and verifying in a step of this size:
     a token costs its verification (b) and its drafting (`drafting_s`, zero for
-    prompt lookup) and must bring at least the batch's rate back. A model draft
-    stops before its estimate falls below it."""
+    prompt lookup) and must bring at least the batch's rate back. `first`: the
+    first draft of a step that feeds one token otherwise also pays the jump d."""
     if emitted <= 0:
         return 0.0
-    return min(1.0, (cost.b + drafting_s) * emitted / max(cost.seconds(tokens, rows), 1e-9))
+    extra = cost.d if first and tokens == 1 else 0.0
+    return min(1.0, (cost.b + drafting_s + extra) * emitted / max(cost.seconds(tokens, rows), 1e-9))

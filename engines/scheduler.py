@@ -240,7 +240,10 @@ class Scheduler:
                 r.proposer.observe_states(states)
         if r.proposer is not None:
             r.proposer.observe(k, n)
-            r.acceptance.observe(k, n)
+            if k == 0 and p.drafted and r.proposer.drafting_costs:
+                r.acceptance.observe(1, 0)  # drafted, not worth verifying: paid for nothing, a miss
+            else:
+                r.acceptance.observe(k, n)
             r.stats.verified_per_round.append(k)
         record_round(r.stats, None if r.proposer is None else p.drafted, n, t1 - t0, t2 - t1)
         self._emit(r, emitted, t2)
@@ -257,10 +260,14 @@ class Scheduler:
                 continue
             if not r.fixed:
                 # the least survival worth drafting and verifying at the last step's load
-                least = budget.threshold(self.cost, *self._load, self.drafting_s.get(r.draft, 0.0))
-                if r.proposer.drafting_costs and r.acceptance.value < least:
+                drafting = self.drafting_s.get(r.draft, 0.0)
+                least = budget.threshold(self.cost, *self._load, drafting)
+                if r.proposer.drafting_costs and r.acceptance.value < budget.threshold(
+                        self.cost, *self._load, drafting, first=True):
                     continue  # too unlikely to pay at this load: a plain round (its estimate drifts back)
-                r.proposer.min_confidence = max(r.min_confidence, least)  # a model draft stops there
+                # a model draft drafts one more token while the prefix's survival times the row's
+                # acceptance (what the next token is expected to keep) still clears the threshold
+                r.proposer.min_confidence = max(r.min_confidence, least / max(r.acceptance.value, 1e-3))
             else:
                 r.proposer.min_confidence = r.min_confidence
             key = r.proposer.batch_key
