@@ -23,7 +23,8 @@ class SamplingParams:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0  # 0 = no top-k cut
-    seed: int | None = None  # None: a fresh random seed, reported in the stats
+    seed: int | None = None  # None: a fresh seed, reported in the stats. Reproduces text under fixed γ;
+    # adaptive drafting sizes rounds from measured timings, so a seed then fixes the distribution only
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False  # benchmarks only: decode exactly max_tokens
 
