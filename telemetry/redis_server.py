@@ -10,12 +10,10 @@ data directory (append-only file: what was written survives).
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -58,11 +56,12 @@ class Outage:
         return d
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+def _with_parent_death_signal(argv: list[str]) -> list[str]:
+    """argv under `setpriv --pdeathsig TERM` (util-linux), so that the server dies
+    with this process. Not a preexec_fn: Python code between fork and exec in a
+    process with gRPC's threads can abort the child (Python documents it unsafe)."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", *argv] if setpriv else argv
 
 
 class PrivateRedis:
@@ -117,8 +116,8 @@ class PrivateRedis:
                 time.sleep(0.5 * (attempt + 1))
 
     def _start_once(self, timeout: float) -> None:
-        self.proc = subprocess.Popen([self._binary, str(self._config())], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(_with_parent_death_signal([self._binary, str(self._config())]),
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
