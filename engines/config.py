@@ -92,8 +92,9 @@ class EagleDraftConfig(_Strict):
     """Directory with draft.safetensors and card.json. None: the draft shipped for the default
     target (SmolLM2-135M-Instruct), in engines/data/."""
     min_confidence: float = Field(0.0, ge=0.0, le=1.0)
-    """Stop drafting once the draft's running confidence falls below this (the engine raises it under
-    load to what its step budget would verify; a request's decision may raise it further)."""
+    """Stop drafting once the drafts' running estimate of survival (calibrated acceptance) falls below
+    this. The engine raises it to what its step budget would pay for at the current load, drafting
+    cost included; a request's decision may raise it further."""
 
 
 # SmolLM2-135M (30 layers): skipping layers 12-16 kept the most acceptance among the

@@ -239,7 +239,6 @@ class Scheduler:
             if wants_states:
                 r.proposer.observe_states(states)
         if r.proposer is not None:
-            r.proposer.observe(k, n)
             if k == 0 and p.drafted and r.proposer.drafting_costs:
                 r.acceptance.observe(1, 0)  # drafted, not worth verifying: paid for nothing, a miss
             else:

@@ -94,5 +94,6 @@ class Router:
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)  # let it finish cancelling, not die pending
         for e in self.endpoints:
             await e.close()

@@ -76,7 +76,8 @@ def add_arguments(p) -> None:
                    help="own gateway: outcomes before the first retraining (default: %(default)s)")
     p.add_argument("--policy", help="own gateway: start from this policy model JSON instead of cold")
     p.add_argument("--rules", help="own gateway: operator rules YAML (default: the shipped default rules)")
-    p.add_argument("--engine-config", help="own gateway: EngineConfig YAML (default: SmolLM2, ngram + selfspec)")
+    p.add_argument("--engine-config",
+                   help="own gateway: EngineConfig YAML (default: SmolLM2 with the ngram, eagle and selfspec drafts)")
     p.add_argument("--timeout", type=float, default=600, help="per-request deadline, s (default: %(default)s)")
     p.add_argument("--out-dir", default="bench-out/e2e", help="JSON, report.md and plots (default: %(default)s)")
 

@@ -79,12 +79,13 @@ def train(head: EagleHead, samples: list[Sample], *, steps: int, seq_len: int, b
     data = chunks(samples, seq_len)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    start = 0
+    start, earlier_s, earlier_seen = 0, 0.0, 0  # what runs before a resume did: the card counts the whole
     if checkpoint is not None and checkpoint.exists():
         state = torch.load(checkpoint, weights_only=True)  # tensors and numbers only: nothing executed
         head.load_state_dict(state["head"], strict=False)
         opt.load_state_dict(state["opt"])
         start = int(state["step"])
+        earlier_s, earlier_seen = float(state.get("train_s", 0.0)), int(state.get("seen", 0))
         log(f"resumed from {checkpoint} at step {start}")
     warm = max(1, steps // 20)
 
@@ -124,8 +125,10 @@ def train(head: EagleHead, samples: list[Sample], *, steps: int, seq_len: int, b
                 f"top-1 agreement by step {' '.join(f'{a:.2f}' for a in mean_agree)}  "
                 f"{rate:.0f} positions/s  eta {eta / 60:.1f} min")
         if checkpoint is not None and (k + 1) % checkpoint_every == 0:
-            torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": k + 1}, checkpoint)
-    return dict(steps=steps, positions_seen=seen, chunks=len(data), train_s=round(time.monotonic() - t0, 1))
+            torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": k + 1,
+                        "train_s": earlier_s + time.monotonic() - t0, "seen": earlier_seen + seen}, checkpoint)
+    return dict(steps=steps, positions_seen=earlier_seen + seen, chunks=len(data),
+                train_s=round(earlier_s + time.monotonic() - t0, 1))
 
 
 @torch.no_grad()

@@ -1,8 +1,10 @@
 """The proposer interface: what every draft implements.
 
 One proposer per request (a model draft keeps a KV cache of its own for it).
-The scheduler asks for up to k tokens each round, verifies as many of them as
-the step budget admits, and tells the proposer what happened. Proposers that
+The scheduler asks for up to k tokens each round and verifies as many of them
+as the step budget admits; what was accepted it tracks itself (engines/budget.py),
+and a proposer that reads the target's hidden states gets those of the
+positions committed (`observe_states`). Proposers that
 share something batchable (the same draft model) draft together through their
 class's `propose_batch`.
 """
@@ -43,10 +45,6 @@ class Proposer(Protocol):
         """Up to `gamma` tokens to follow `context` (prompt + output so far)."""
         ...
 
-    def observe(self, verified: int, accepted: int) -> None:
-        """After verification: how many of the proposal were verified, and accepted."""
-        ...
-
     def observe_states(self, states: torch.Tensor) -> None:
         """The target's hidden states [T, E · layers] for the positions it just
         committed (only called when needs_states)."""
@@ -54,8 +52,7 @@ class Proposer(Protocol):
 
 
 class ProposerBase:
-    """Defaults for a proposer that reads no hidden states, drafts alone and
-    learns nothing from verification."""
+    """Defaults for a proposer that reads no hidden states and drafts alone."""
 
     needs_states = False
     batch_key = None
@@ -67,9 +64,6 @@ class ProposerBase:
         """A drafted token's chance of acceptance: calibrated when the scheduler
         has a calibration for this draft, else the raw confidence."""
         return confidence if self.calibrate is None else self.calibrate(confidence)
-
-    def observe(self, verified: int, accepted: int) -> None:
-        pass
 
     def observe_states(self, states: torch.Tensor) -> None:
         pass
