@@ -13,8 +13,9 @@ A token's survival is the product of the estimates up to it: the expected number
 of tokens it adds if verified.
 
 Per step, the batch has one budget: the target forward costs about
-a + b·tokens + c·rows (+ d once it feeds more than one token) seconds (the
-step-cost model, profiled at start-up and refitted from every step). Verifying
+a + b·tokens + c·rows (+ d once it feeds more than one token) seconds, and a
+lone row what was measured for its token count (the step-cost model, profiled
+at start-up and refitted from every decode step). Verifying
 one more draft token adds b seconds and its survival in expected tokens; slots
 are admitted in order of survival while that beats the batch's current rate
 (tokens emitted per second): survival > b · emitted / seconds. A lone decoding
@@ -34,23 +35,45 @@ import collections
 import numpy as np
 import torch
 
+LONE_RATE = 0.1  # moving average of a lone row's measured steps
+
 
 class StepCost:
-    """Seconds of one target forward: a + b · tokens + c · rows + d · [tokens > 1],
-    least squares over a sliding window of measured steps. `d` is what leaving
-    the one-token kernels costs: on CPU a forward of a single token runs
-    matrix-vector kernels, and its second token costs several times what each
-    further one does (SmolLM2 here: +6.4 ms, then +2.5 ms per token)."""
+    """Seconds of one target forward.
 
-    def __init__(self, a: float = 0.03, b: float = 0.002, c: float = 0.0, d: float = 0.0, window: int = 400):
+    Many rows: a + b · tokens + c · rows + d · [tokens > 1], least squares over
+    a sliding window of measured decode steps. `d` is what leaving the one-token
+    kernels costs: on CPU a forward of a single token runs matrix-vector kernels,
+    and its second token costs several times what each further one does.
+
+    One row (the case that decides speculation at low load): a table of measured
+    seconds per token count (`lone`), from the start-up profile and then every
+    one-row step, because the linear fit, pulled by batched shapes, misjudges it
+    (on one machine it priced a second token 31 ms above one, where 17 ms were measured
+    between one token and three)."""
+
+    def __init__(self, a: float = 0.03, b: float = 0.002, c: float = 0.0, d: float = 0.0, window: int = 400,
+                 lone: dict[int, float] | None = None):
         self.a, self.b, self.c, self.d = a, b, c, d
+        self.lone: dict[int, float] = dict(lone or {})  # tokens fed by a lone row -> measured seconds
         self._obs: collections.deque = collections.deque(maxlen=window)
         self._since_fit = 0
 
     def seconds(self, tokens: int, rows: int) -> float:
+        """The linear model."""
         return self.a + self.b * tokens + self.c * rows + (self.d if tokens > 1 else 0.0)
 
+    def step(self, tokens: int, rows: int) -> float:
+        """What the budget prices a forward at: measured for one row where known, else the model."""
+        if rows == 1 and self.lone:
+            # never cheaper than a shorter forward: noise must not make a longer draft look free
+            known = max((v for t, v in self.lone.items() if t <= tokens), default=0.0)
+            return known if tokens in self.lone else max(known, self.seconds(tokens, 1))
+        return self.seconds(tokens, rows)
+
     def observe(self, tokens: int, rows: int, seconds: float) -> None:
+        if rows == 1 and tokens in self.lone:
+            self.lone[tokens] += (seconds - self.lone[tokens]) * LONE_RATE
         self._obs.append((tokens, rows, seconds))
         self._since_fit += 1
         if self._since_fit >= 50:
@@ -148,8 +171,8 @@ def admit(survivals: list[list[float]], base_tokens: int, emitted: int, cost: St
     for s, r, j in slots:
         if j != take[r]:  # a row's drafts are verified as a prefix
             continue
-        seconds = cost.seconds(tokens, rows)
-        added = cost.seconds(tokens + 1, rows) - seconds
+        seconds = cost.step(tokens, rows)
+        added = cost.step(tokens + 1, rows) - seconds
         if s * seconds <= added * max(gain, 1e-9):  # s / added <= gain / seconds: it would lower the rate
             break
         take[r] += 1
@@ -161,10 +184,10 @@ def admit(survivals: list[list[float]], base_tokens: int, emitted: int, cost: St
 def _best_prefix(survivals: list[float], emitted: int, cost: StepCost, rows: int) -> int:
     """A lone decoding row: the first verified token also pays the step-cost jump
     (d), so prefixes are judged whole: the k that maximises tokens per second."""
-    best_k, best_rate, gain = 0, emitted / cost.seconds(1, rows), float(emitted)
+    best_k, best_rate, gain = 0, emitted / cost.step(1, rows), float(emitted)
     for k, s in enumerate(survivals, start=1):
         gain += s
-        rate = gain / cost.seconds(1 + k, rows)
+        rate = gain / cost.step(1 + k, rows)
         if rate > best_rate:
             best_k, best_rate = k, rate
     return best_k
@@ -182,10 +205,12 @@ def survival(estimates: torch.Tensor) -> list[float]:
 def threshold(cost: StepCost, tokens: int, rows: int, emitted: int, drafting_s: float = 0.0,
               first: bool = False) -> float:
     """The least survival worth drafting and verifying in a step of this size:
-    a token costs its verification (b) and its drafting (`drafting_s`, zero for
-    prompt lookup) and must bring at least the batch's rate back. `first`: the
-    first draft of a step that feeds one token otherwise also pays the jump d."""
+    a token costs what it adds to the forward and its drafting (`drafting_s`,
+    zero for prompt lookup) and must bring at least the batch's rate back.
+    `first`: the first draft of a step, which for a step feeding one token also
+    pays the jump beyond one token; else a further draft, on top of a first."""
     if emitted <= 0:
         return 0.0
-    extra = cost.d if first and tokens == 1 else 0.0
-    return min(1.0, (cost.b + drafting_s + extra) * emitted / max(cost.seconds(tokens, rows), 1e-9))
+    at = tokens if first else tokens + 1
+    added = max(cost.step(at + 1, rows) - cost.step(at, rows), 0.0)
+    return min(1.0, (added + drafting_s) * emitted / max(cost.step(tokens, rows), 1e-9))

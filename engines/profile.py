@@ -22,6 +22,8 @@ from engines.llama import LlamaModel, LlamaWeights, pack_for_cpu, unpack_for_cpu
 
 log = logging.getLogger(__name__)
 
+LONE_TOKENS = 9  # a lone row verifying up to 8 drafts (gamma_max's default)
+
 
 @dataclass
 class Profile:
@@ -34,7 +36,8 @@ class Profile:
         others = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in sorted(self.step_s.items()))
         return (f"{self.threads} threads, {'oneDNN-packed' if self.packed else 'dense'} weights (decode step: "
                 f"{others}); step cost {self.cost.a * 1e3:.1f} ms + {self.cost.b * 1e3:.2f} ms/token + "
-                f"{self.cost.c * 1e3:.2f} ms/row + {self.cost.d * 1e3:.1f} ms beyond one token")
+                f"{self.cost.c * 1e3:.2f} ms/row + {self.cost.d * 1e3:.1f} ms beyond one token; one row, by tokens "
+                f"fed: {' '.join(f'{t}:{s * 1e3:.1f}' for t, s in sorted(self.cost.lone.items()))} ms")
 
 
 def _median_step(model: LlamaModel, tokens: int = 1, rows: int = 1, context: int = 64, repeats: int = 7) -> float:
@@ -54,19 +57,22 @@ def _median_step(model: LlamaModel, tokens: int = 1, rows: int = 1, context: int
 
 
 def fit_cost(model: LlamaModel) -> StepCost:
-    """Time forwards of several (tokens, rows) shapes; least squares for
+    """Time a lone row feeding 1..LONE_TOKENS tokens (kept as measured) and
+    forwards of several batched shapes; least squares over all of them for
     a + b·tokens + c·rows + d·[tokens > 1]."""
     import numpy as np
 
-    shapes = [(1, 1), (2, 1), (3, 1), (5, 1), (9, 1), (2, 2), (4, 4), (8, 8), (16, 16), (12, 4)]
-    x, y = [], []
+    lone = {t: _median_step(model, t, 1, repeats=5) for t in range(1, LONE_TOKENS + 1)}
+    shapes = [(2, 2), (4, 4), (8, 8), (16, 16), (12, 4)]
+    x = [[1.0, t, 1, float(t > 1)] for t in lone]
+    y = list(lone.values())
     for per_row, rows in [(t // r, r) for t, r in shapes]:
         tokens = per_row * rows
         x.append([1.0, tokens, rows, float(tokens > 1)])
         y.append(_median_step(model, per_row, rows, repeats=3))
     coef, *_ = np.linalg.lstsq(np.array(x), np.array(y), rcond=None)
     a, b, c, d = (float(v) for v in coef)
-    return StepCost(max(a, 1e-4), max(b, 1e-5), max(c, 0.0), max(d, 0.0))
+    return StepCost(max(a, 1e-4), max(b, 1e-5), max(c, 0.0), max(d, 0.0), lone=lone)
 
 
 def choose_layout(model: LlamaModel, weights: list[LlamaWeights], pack: bool | str, threads: int | None) -> Profile:

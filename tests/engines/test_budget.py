@@ -59,6 +59,23 @@ def test_a_lone_row_pays_the_jump_beyond_one_token_so_judges_its_prefix_whole():
                         rows=1) == [3]
 
 
+def test_a_lone_row_is_priced_at_what_was_measured_not_at_the_fit():
+    # a fit that overprices the jump (as batched shapes on a noisy machine made it) ...
+    fitted = budget.StepCost(a=0.069, b=0.0006, c=0.003, d=0.030)
+    measured = budget.StepCost(a=0.069, b=0.0006, c=0.003, d=0.030,
+                               lone={1: 0.0626, 2: 0.0700, 3: 0.0796, 4: 0.0780, 5: 0.0951})
+    drafts = [budget.survival(torch.tensor([0.3, 0.3, 0.3]))]
+    assert budget.admit(drafts, base_tokens=1, emitted=1, cost=fitted, rows=1) == [0]
+    assert budget.admit(drafts, base_tokens=1, emitted=1, cost=measured, rows=1) == [1]
+    assert measured.step(4, 1) == measured.step(3, 1)  # never cheaper than a shorter forward
+    assert measured.step(9, 1) >= measured.step(5, 1)  # beyond the table: the fit, at least the table's top
+    assert measured.step(2, 4) == fitted.step(2, 4)  # batches: the fit
+    assert budget.threshold(measured, 1, 1, 1, first=True) < budget.threshold(fitted, 1, 1, 1, first=True) / 2
+    for _ in range(60):  # the machine slowed down: one-row steps move the table
+        measured.observe(2, 1, 0.0900)
+    assert measured.lone[2] == pytest.approx(0.0900, abs=0.001)
+
+
 def test_drafting_cost_raises_the_least_survival_worth_drafting():
     assert budget.threshold(COST, 1, 1, 1, drafting_s=0.003) > 2 * budget.threshold(COST, 1, 1, 1)
     assert budget.threshold(COST, 1, 1, 0) == 0.0

@@ -113,3 +113,4 @@ def test_the_start_up_profile_measured_this_machine(engine):
     assert prof is not None and prof.step_s and prof.cost.a > 0 and prof.cost.b > 0
     best = min(prof.step_s, key=prof.step_s.get)
     assert best == f"{prof.threads}t/{'packed' if prof.packed else 'dense'}"
+    assert sorted(prof.cost.lone) == list(range(1, 10)) and prof.cost.lone[9] > prof.cost.lone[1]
