@@ -24,8 +24,10 @@ Alone, plausible drafts are verified; in a saturated batch only near-certain
 ones are. Verifying fewer drafts is only a smaller k: output stays exactly the
 target's.
 
-Drafting is priced the same way: a model draft keeps drafting while its next
-token's survival beats (b + its measured drafting seconds per token) · rate.
+Drafting is priced the same way: a model draft starts only if some prefix,
+at the row's recent acceptance, pays for its verification and its measured
+drafting seconds, and keeps drafting while its next token's survival beats
+(b + its drafting seconds per token) · rate.
 """
 
 from __future__ import annotations
@@ -117,6 +119,10 @@ class AcceptanceEstimate:
         trials = accepted + (1 if accepted < verified else 0)  # tokens tried until the first rejection
         self.value += (accepted / trials - self.value) * self.rate
 
+    def settle(self, belief: float) -> None:
+        """Drafted but not verified: move toward what the draft believed its first token worth."""
+        self.value += (belief - self.value) * self.rate
+
 
 class Calibration:
     """Acceptance against the draft's own confidence, in bins, per (draft, greedy):
@@ -202,15 +208,31 @@ def survival(estimates: torch.Tensor) -> list[float]:
     return out
 
 
-def threshold(cost: StepCost, tokens: int, rows: int, emitted: int, drafting_s: float = 0.0,
-              first: bool = False) -> float:
-    """The least survival worth drafting and verifying in a step of this size:
-    a token costs what it adds to the forward and its drafting (`drafting_s`,
-    zero for prompt lookup) and must bring at least the batch's rate back.
-    `first`: the first draft of a step, which for a step feeding one token also
-    pays the jump beyond one token; else a further draft, on top of a first."""
+def threshold(cost: StepCost, tokens: int, rows: int, emitted: int, drafting_s: float = 0.0) -> float:
+    """The least survival worth drafting and verifying one more token on top
+    of a first, in a step of this size: the token costs what it adds to the
+    forward and its drafting (`drafting_s`, zero for prompt lookup) and must
+    bring at least the batch's rate back."""
     if emitted <= 0:
         return 0.0
-    at = tokens if first else tokens + 1
-    added = max(cost.step(at + 1, rows) - cost.step(at, rows), 0.0)
+    added = max(cost.step(tokens + 2, rows) - cost.step(tokens + 1, rows), 0.0)
     return min(1.0, (added + drafting_s) * emitted / max(cost.step(tokens, rows), 1e-9))
+
+
+def worth_drafting(acceptance: float, k: int, cost: StepCost, tokens: int, rows: int, emitted: int,
+                   drafting_s: float = 0.0) -> bool:
+    """Whether a row should draft at all this step: some prefix of up to k
+    tokens, each kept with the row's recent acceptance, must raise the step's
+    rate once its verification and drafting are paid. Judged by prefix, because
+    for a step feeding one token the first draft also pays the jump beyond one
+    token, which the tokens after it share."""
+    if emitted <= 0:
+        return True
+    base = cost.step(tokens, rows)
+    gain, p = float(emitted), 1.0
+    for j in range(1, k + 1):
+        p *= min(max(acceptance, 0.0), 1.0)
+        gain += p
+        if gain * base > emitted * (cost.step(tokens + j, rows) + j * drafting_s):
+            return True
+    return False

@@ -240,7 +240,10 @@ class Scheduler:
                 r.proposer.observe_states(states)
         if r.proposer is not None:
             if k == 0 and p.drafted and r.proposer.drafting_costs:
-                r.acceptance.observe(1, 0)  # drafted, not worth verifying: paid for nothing, a miss
+                # drafted, not worth verifying: nothing learned about the target, so the row's estimate moves
+                # to what the draft's first token was believed worth (a draft judged weak round after round
+                # stops being drafted; a plausible one that did not pay this round keeps its chance)
+                r.acceptance.settle(self._survival(p)[0])
             else:
                 r.acceptance.observe(k, n)
             r.stats.verified_per_round.append(k)
@@ -261,8 +264,8 @@ class Scheduler:
                 # the least survival worth drafting and verifying at the last step's load
                 drafting = self.drafting_s.get(r.draft, 0.0)
                 least = budget.threshold(self.cost, *self._load, drafting)
-                if r.proposer.drafting_costs and r.acceptance.value < budget.threshold(
-                        self.cost, *self._load, drafting, first=True):
+                if r.proposer.drafting_costs and not budget.worth_drafting(r.acceptance.value, k, self.cost,
+                                                                           *self._load, drafting):
                     continue  # too unlikely to pay at this load: a plain round (its estimate drifts back)
                 # a model draft drafts one more token while the prefix's survival times the row's
                 # acceptance (what the next token is expected to keep) still clears the threshold

@@ -70,10 +70,18 @@ def test_a_lone_row_is_priced_at_what_was_measured_not_at_the_fit():
     assert measured.step(4, 1) == measured.step(3, 1)  # never cheaper than a shorter forward
     assert measured.step(9, 1) >= measured.step(5, 1)  # beyond the table: the fit, at least the table's top
     assert measured.step(2, 4) == fitted.step(2, 4)  # batches: the fit
-    assert budget.threshold(measured, 1, 1, 1, first=True) < budget.threshold(fitted, 1, 1, 1, first=True) / 2
     for _ in range(60):  # the machine slowed down: one-row steps move the table
         measured.observe(2, 1, 0.0900)
     assert measured.lone[2] == pytest.approx(0.0900, abs=0.001)
+
+
+def test_a_lone_row_drafts_when_some_prefix_pays_for_the_jump():
+    cost = budget.StepCost(lone={1: 0.0852, 2: 0.1173, 3: 0.1194, 4: 0.1073})  # measured here: a 32 ms jump
+    assert not budget.worth_drafting(0.4, 1, cost, 1, 1, 1, drafting_s=0.006)  # one token cannot repay it
+    assert budget.worth_drafting(0.4, 3, cost, 1, 1, 1, drafting_s=0.006)  # three share it
+    assert not budget.worth_drafting(0.2, 8, cost, 1, 1, 1, drafting_s=0.006)
+    # in a batch there is no jump: a token's acceptance against its own price (about 0.38 of a token here)
+    assert budget.worth_drafting(0.5, 1, COST, 16, 16, 16) and not budget.worth_drafting(0.3, 8, COST, 16, 16, 16)
 
 
 def test_drafting_cost_raises_the_least_survival_worth_drafting():
@@ -111,6 +119,17 @@ def test_a_collapsed_row_drifts_back_and_probes_again():
     for _ in range(40):
         est.observe(verified=0, accepted=0)  # plain rounds: nothing verified
     assert est.value > 0.3 > low
+
+
+def test_a_draft_not_worth_verifying_moves_the_row_to_what_it_believed():
+    strong, weak = budget.AcceptanceEstimate(prior=0.5), budget.AcceptanceEstimate(prior=0.5)
+    strong.observe(verified=6, accepted=6)
+    for _ in range(10):  # a round that did not pay is no evidence against the target's agreement
+        strong.settle(0.7)
+        weak.settle(0.05)  # a draft judged weak round after round closes its own gate
+    assert strong.value > 0.65 and weak.value < 0.1
+    assert budget.worth_drafting(strong.value, 6, COST, 1, 1, 1, drafting_s=0.003)
+    assert not budget.worth_drafting(weak.value, 6, COST, 1, 1, 1, drafting_s=0.003)
 
 
 def test_calibration_learns_what_confidence_means():
