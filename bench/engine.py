@@ -183,7 +183,7 @@ def run_bench(engine: BuiltinEngine, rows: list[dict], modes: list[str], tempera
                         f"{len(out) / secs:6.1f} tok/s")
     if hf:
         hf.close()
-    return summarize(cells, mismatches, modes, temperatures, hf_pld if hf else ())
+    return summarize(cells, mismatches, modes, temperatures, hf_pld if hf else None)
 
 
 def _row(cells: dict, temp: float, cats: list[str], names: list[str]) -> dict:
@@ -215,8 +215,9 @@ def _row(cells: dict, temp: float, cats: list[str], names: list[str]) -> dict:
 
 
 def summarize(cells, mismatches, modes, temperatures, hf_pld) -> dict:
+    """hf_pld: None without the Hugging Face baseline; else its prompt-lookup settings (maybe none)."""
     cats = sorted({c for _, c, _ in cells})
-    names = list(modes) + (["hf"] + [f"hf-pld:{p}" for p in hf_pld] if hf_pld else [])
+    names = list(modes) + (["hf"] + [f"hf-pld:{p}" for p in hf_pld] if hf_pld is not None else [])
     tables = {}
     for temp in temperatures:
         tables[f"{temp:g}"] = {cat: _row(cells, temp, [cat], names) for cat in cats}

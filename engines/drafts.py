@@ -72,8 +72,11 @@ def build_drafts(config: EngineConfig, target: LoadedModel, cache_dir: Path) -> 
             if out.eagles and out.eagles[0].feature_layers != eagle.feature_layers:
                 raise ValueError(f"draft {d.name!r} reads target layers {eagle.feature_layers}, another draft "
                                  f"{out.eagles[0].feature_layers}: one engine serves drafts reading the same layers")
-            log.info("draft %s: %d-token head, trained %s; validation acceptance %s", d.name, vocab_ids.numel(),
-                     card.get("created", "?"), card.get("validation", {}).get("acceptance", "?"))
+            measured = {k: v["acceptance"] for k, v in card.get("validation", {}).items()
+                        if isinstance(v, dict) and "acceptance" in v}
+            log.info("draft %s: %d-token head, trained %s; validation acceptance per drafted token %s", d.name,
+                     vocab_ids.numel(), card.get("created", "?"),
+                     " ".join(f"{k} {v}" for k, v in measured.items()) or "not recorded")
             out.eagles.append(eagle)
             out.weights.append(eagle.model.weights)
             out.factories[d.name] = (lambda cap, e=eagle, d=d: EagleProposer(e, cap, d.min_confidence))
