@@ -15,7 +15,7 @@ of tokens it adds if verified.
 Per step, the batch has one budget: the target forward costs about
 a + b·tokens + c·rows (+ d once it feeds more than one token) seconds, and a
 lone row what was measured for its token count (the step-cost model, profiled
-at start-up and refitted from every decode step). Verifying
+at start-up and refitted from every step). Verifying
 one more draft token adds b seconds and its survival in expected tokens; slots
 are admitted in order of survival while that beats the batch's current rate
 (tokens emitted per second): survival > b · emitted / seconds. A lone decoding
@@ -44,7 +44,7 @@ class StepCost:
     """Seconds of one target forward.
 
     Many rows: a + b · tokens + c · rows + d · [tokens > 1], least squares over
-    a sliding window of measured decode steps. `d` is what leaving the one-token
+    a sliding window of measured steps. `d` is what leaving the one-token
     kernels costs: on CPU a forward of a single token runs matrix-vector kernels,
     and its second token costs several times what each further one does.
 
