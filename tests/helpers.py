@@ -56,6 +56,17 @@ def tiny_loaded(seed=0, scale=1.0, words=WORDS, **kw) -> LoadedModel:
 
 
 # ----------------------------------------------------------------------------- engine runs
+def engine_over(target: LlamaModel, words=WORDS, *, max_context: int = 128, gamma_max: int = 8, cost=None,
+                **drafts) -> BuiltinEngine:
+    """The built-in engine over a lean target and a tiny tokenizer (EOS id 1), with
+    these proposer factories as drafts; its loop is not started (`run_together` serves it)."""
+    cfg = EngineConfig(target=TargetConfig(max_context=max_context), drafts=[], gamma_max=gamma_max,
+                       max_queue=4096, max_batch=64)
+    hf_config = type("C", (), {"eos_token_id": 1})()
+    return BuiltinEngine(LoadedModel(target, tiny_tokenizer(words), hf_config, "t"), drafts, cfg,
+                         start_worker=False, cost=cost)
+
+
 def run_together(engine: BuiltinEngine, requests: list[GenerationRequest], timeout: float = 120):
     """Submit all before the loop starts, so that they share steps; serve them on
     a thread; return their results in order."""

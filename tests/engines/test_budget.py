@@ -8,19 +8,17 @@ import torch
 from engines import budget
 from engines.api import SamplingParams
 from engines.builtin import BuiltinEngine
-from engines.config import EngineConfig, TargetConfig
 from engines.llama import LlamaModel
-from engines.loading import LoadedModel
 from engines.proposers import ModelDraftProposer, NgramProposer
 from tests.helpers import (
     WORDS,
     assert_follows,
+    engine_over,
     exact_joint_of_first_tokens,
     lean_from_hf,
     run_together,
     tiny_hf_model,
     tiny_loaded,
-    tiny_tokenizer,
     token_request,
 )
 
@@ -147,10 +145,7 @@ EXPENSIVE = budget.StepCost(a=0.05, b=0.01, c=0.0)  # verification dear: the bud
 
 
 def engine_with(target: LlamaModel, words, cost, **drafts) -> BuiltinEngine:
-    cfg = EngineConfig(target=TargetConfig(max_context=64), drafts=[], gamma_max=4, max_queue=4096, max_batch=64)
-    hf_config = type("C", (), {"eos_token_id": 1})()
-    return BuiltinEngine(LoadedModel(target, tiny_tokenizer(words), hf_config, "t"), drafts, cfg,
-                         start_worker=False, cost=cost)
+    return engine_over(target, words, max_context=64, gamma_max=4, cost=cost, **drafts)
 
 
 def test_greedy_output_is_plain_output_when_the_budget_cuts_drafts():

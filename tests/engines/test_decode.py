@@ -7,30 +7,19 @@ import pytest
 import torch
 
 from engines.api import SamplingParams
-from engines.builtin import BuiltinEngine
-from engines.config import EngineConfig, TargetConfig
 from engines.decode import draft_budget, settle
 from engines.llama import LlamaModel
-from engines.loading import LoadedModel
 from engines.proposers import ModelDraftProposer, NgramProposer
 from tests.helpers import (
     WORDS,
     assert_follows,
+    engine_over,
     exact_joint_of_first_tokens,
     lean_from_hf,
     run_together,
     tiny_hf_model,
-    tiny_tokenizer,
     token_request,
 )
-
-CONFIG = EngineConfig(target=TargetConfig(max_context=128), drafts=[], gamma_max=8, max_queue=4096, max_batch=64)
-
-
-def engine_over(target: LlamaModel, words, **drafts) -> BuiltinEngine:
-    hf_config = type("C", (), {"eos_token_id": 1})()
-    return BuiltinEngine(LoadedModel(target, tiny_tokenizer(words), hf_config, "t"), drafts, CONFIG,
-                         start_worker=False)
 
 
 def run(target, prompt, sampling, proposer=None, gamma=0, seed=0, words=WORDS, fixed=False):

@@ -10,12 +10,12 @@ import torch
 
 from engines.api import SamplingParams
 from engines.builtin import BuiltinEngine
-from engines.config import EngineConfig, TargetConfig
 from engines.distill.data import generate, load_samples, save_samples
 from engines.distill.model import EagleHead
 from engines.distill.train import agreement, train
-from engines.loading import LoadedModel, fingerprint
+from engines.loading import fingerprint
 from engines.proposers.eagle import EagleDraft, EagleProposer, load_draft, save_draft
+from tests import helpers
 from tests.helpers import (
     WORDS,
     assert_follows,
@@ -24,7 +24,6 @@ from tests.helpers import (
     run_together,
     tiny_hf_model,
     tiny_loaded,
-    tiny_tokenizer,
     token_request,
 )
 
@@ -41,9 +40,7 @@ def eagle_for(target, vocab_ids, seed=0) -> EagleDraft:
 
 
 def engine_over(target, words, **drafts) -> BuiltinEngine:
-    cfg = EngineConfig(target=TargetConfig(max_context=96), drafts=[], gamma_max=6, max_queue=4096, max_batch=64)
-    hf_config = type("C", (), {"eos_token_id": 1})()
-    return BuiltinEngine(LoadedModel(target, tiny_tokenizer(words), hf_config, "t"), drafts, cfg, start_worker=False)
+    return helpers.engine_over(target, words, max_context=96, gamma_max=6, **drafts)
 
 
 def test_greedy_output_with_the_eagle_draft_is_plain_output():

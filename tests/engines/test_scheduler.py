@@ -13,6 +13,7 @@ from engines.scheduler import Scheduler
 from tests.helpers import (
     WORDS,
     assert_follows,
+    engine_over,
     exact_joint_of_first_tokens,
     lean_from_hf,
     run_together,
@@ -89,17 +90,11 @@ def test_seeded_sampling_is_reproducible_regardless_of_neighbours():
 def test_batched_speculative_sampling_follows_the_target_distribution():
     target = lean_from_hf(tiny_hf_model(vocab=10, seed=3, scale=1.5, layers=3))
     sub = LlamaModel(target.cfg, target.weights, [0])
-    from engines.loading import LoadedModel
-    from tests.helpers import tiny_tokenizer
-
-    hf_config = type("C", (), {"eos_token_id": 1})()
-    loaded = LoadedModel(target, tiny_tokenizer(WORDS[:10]), hf_config, "t")
     sp = SamplingParams(max_tokens=4, temperature=1.0, top_p=0.8, ignore_eos=True)
     prompt = [2, 3, 4, 2, 3, 4, 2]
     exact = exact_joint_of_first_tokens(target, prompt, sp, 4)
-    cfg = EngineConfig(target=TargetConfig(max_context=64), drafts=[], gamma_max=2, max_queue=4096, max_batch=64)
-    eng = BuiltinEngine(loaded, {"half": lambda cap: ModelDraftProposer(sub, cap),
-                                 "ngram": lambda cap: NgramProposer(1, 2)}, cfg, start_worker=False)
+    eng = engine_over(target, WORDS[:10], max_context=64, gamma_max=2, half=lambda cap: ModelDraftProposer(sub, cap),
+                      ngram=lambda cap: NgramProposer(1, 2))
     trials = 1500
     results = run_together(eng, [req(s, prompt, "half:2" if s % 2 else "ngram:2", **{**sp.__dict__, "seed": s})
                                  for s in range(trials)])
