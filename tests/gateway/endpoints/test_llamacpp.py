@@ -104,24 +104,30 @@ def direct(port: int, prompt: str, max_tokens: int = 24) -> str:
         return json.loads(r.read())["choices"][0]["message"]["content"]
 
 
+def settle(port: int) -> None:
+    """Put a server's cache in one known state. llama-cpp-python keeps the last
+    request's KV cache, reuses its longest common prefix and evaluates the rest in one
+    batch; its quantized kernels round a batch and a single token differently on some
+    CPUs, so a repeated prompt (only its last token evaluated) can decode differently
+    from the first. Two calls compare only from the same state. The same rounding is
+    why greedy prompt lookup on llama.cpp is not asserted token-identical to its plain
+    output here (on some machines it is not); the built-in engine's is."""
+    direct(port, "Hi.", max_tokens=1)  # shares only the chat template with PROMPTS
+
+
 def test_each_arm_is_served_by_its_own_server_and_says_acceptance_is_unknown(gateway, servers):
     stub, _ = gateway
     ports, _ = servers
     for prompt in PROMPTS:
         for arm in ARMS:
+            settle(ports[arm])
             r = ask(stub, prompt, arm)
             assert (r.engine, r.decision.arm) == (f"llamacpp-{arm}", arm)
+            settle(ports[arm])
             assert r.text == direct(ports[arm], prompt)  # the gateway passes the server's output through
             assert r.usage.output_tokens > 0
             if arm != "plain":  # its responses carry no acceptance figures
                 assert (r.spec.acceptance_source, r.spec.drafted, r.spec.rounds) == ("unknown", 0, 0)
-
-
-def test_greedy_prompt_lookup_gives_the_plain_output(gateway):
-    stub, _ = gateway
-    for prompt in PROMPTS:
-        texts = {arm: ask(stub, prompt, arm, max_tokens=32).text for arm in ARMS}
-        assert texts["ngram:4"] == texts["plain"] and texts["ngram:10"] == texts["plain"], texts
 
 
 def test_outcomes_record_unknown_acceptance(gateway):
