@@ -113,6 +113,18 @@ class ArmMenu:
             raise InvalidRequest("arm.draft", f"no engine serves draft {arm.draft!r}; served: {list(self.drafts)}")
         raise InvalidRequest("arm.gamma", f"must be in [{self.gamma_min}, {self.gamma_max}], got {arm.gamma}")
 
+    @functools.cached_property
+    def _by_draft(self) -> dict[str, tuple[Arm, ...]]:
+        out: dict[str, list[Arm]] = {}
+        for a in self.all_arms():
+            if not a.is_plain:
+                out.setdefault(a.draft, []).append(a)
+        return {d: tuple(v) for d, v in out.items()}
+
+    def arms_of(self, draft: str) -> tuple[Arm, ...]:
+        """The served arms of one draft, by γ (made once per menu: decisions read it per request)."""
+        return self._by_draft.get(draft, ())
+
     def all_arms(self) -> list[Arm]:
         """Plain first (when served), then by draft and γ."""
         if self.only is not None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engines.arms import Arm, ArmMenu
+from engines.arms import MAX_GAMMA, Arm, ArmMenu
 from engines.errors import InvalidRequest
 from policy.features import RequestFeatures
 from policy.model import PolicyModel, acceptance_features, prior_model, sigmoid, speedups_at
@@ -23,6 +23,7 @@ from policy.rules import RuleSet, Then
 SOURCES = ("rule", "policy", "exploration", "fallback", "request")
 EXPLORE_FLOOR = 0.75  # explored arms are predicted at least this share of the best arm's speedup
 THOMPSON_DRAWS = 64
+PLAIN = Arm()
 # Fixed standard-normal draws (one column per draft): a decision picks one row at random.
 _DRAWS = np.random.default_rng(20261130).standard_normal((THOMPSON_DRAWS, 8))
 
@@ -86,14 +87,15 @@ def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None,
 
     # the model's mean prediction for every candidate, and the uncertainty of each draft's acceptance
     x = acceptance_features(features)
-    by_draft: dict[str, list[int]] = {}
+    by_draft: dict[str, list[Arm]] = {}
     for a in candidates[1:]:
-        by_draft.setdefault(a.draft, []).append(a.gamma)
+        by_draft.setdefault(a.draft, []).append(a)
     logits = {d: model.draft(d).logit(x) for d in by_draft}
-    speed = {"plain": 1.0}
-    for d, gammas in by_draft.items():
-        for g, s in zip(gammas, speedups_at(model.draft(d), sigmoid(logits[d][0]), features, gammas)):
-            speed[f"{d}:{g}"] = round(s, 4)
+    speed = {PLAIN.name: 1.0}
+    for d, group in by_draft.items():
+        gammas = [a.gamma for a in group]
+        for a, s in zip(group, speedups_at(model.draft(d), sigmoid(logits[d][0]), features, gammas)):
+            speed[a.name] = round(s, 4)
     # ties go to the earlier (cheaper) candidate: plain, then smaller γ
     best = candidates[max(range(len(candidates)), key=lambda i: (speed[candidates[i].name], -i))]
 
@@ -123,7 +125,7 @@ def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None,
                     propensity=round(propensity, 6), explored=explored, reason=reason, **base)
 
 
-def _thompson(f: RequestFeatures, model: PolicyModel, pool: list[Arm], by_draft: dict[str, list[int]],
+def _thompson(f: RequestFeatures, model: PolicyModel, pool: list[Arm], by_draft: dict[str, list[Arm]],
               logits: dict[str, tuple[float, float]], strength: float) -> np.ndarray:
     """Index in `pool` of the best arm under each of a fixed set of draws of every
     draft's acceptance from its posterior (standard deviation scaled by
@@ -131,17 +133,17 @@ def _thompson(f: RequestFeatures, model: PolicyModel, pool: list[Arm], by_draft:
     of draws an arm wins is exactly its probability of being chosen."""
     col = {a: i for i, a in enumerate(pool)}
     speeds = np.ones((THOMPSON_DRAWS, len(pool)))  # plain's column stays 1
-    for j, (d, gammas) in enumerate(sorted(by_draft.items())):
-        in_pool = [gm for gm in gammas if Arm(d, gm) in col]
+    for j, (d, group) in enumerate(sorted(by_draft.items())):
+        in_pool = [a for a in group if a in col]
         if not in_pool:
             continue
         m = model.draft(d)
         mean, sd = logits[d]
         z = _DRAWS[:, j % _DRAWS.shape[1]]
         alpha = 1.0 / (1.0 + np.exp(-np.clip(mean + strength * sd * z, -30, 30)))
-        table = speed_table(m, alpha, f, max(in_pool))  # [draws, γ_max]: best over k ≤ γ
-        for gm in in_pool:
-            speeds[:, col[Arm(d, gm)]] = table[:, gm - 1]
+        table = speed_table(m, alpha, f, max(a.gamma for a in in_pool))  # [draws, γ_max]: best over k ≤ γ
+        for a in in_pool:
+            speeds[:, col[a]] = table[:, a.gamma - 1]
     return speeds.argmax(axis=1)
 
 
@@ -151,7 +153,7 @@ def speed_table(m, alpha: np.ndarray, f: RequestFeatures, gamma_max: int) -> np.
     k = np.arange(1, gamma_max + 1)
     a = np.clip(alpha, 0.0, 1.0 - 1e-9)[:, None]
     tau = (1.0 - a ** (k + 1)) / (1.0 - a)
-    cost = np.array([m.round_cost(int(j), f.load) for j in k])
+    cost = m.round_cost(k, f.load)
     speed = L / (L * cost / tau + m.overhead(f))
     return np.maximum.accumulate(speed, axis=1)
 
@@ -170,13 +172,11 @@ def _guarded_drafts(f: RequestFeatures, then: Then, rng: random.Random) -> set[s
 
 
 def _allowed_arms(arms: ArmMenu, then: Then, guarded: set[str]) -> list[Arm]:
-    lo, hi = arms.gamma_min, arms.gamma_max
-    if then.gamma is not None:
-        lo, hi = max(lo, then.gamma.min), min(hi, then.gamma.max)
-    out = [Arm()]  # always the reference; the router substitutes a served arm where no engine serves plain
+    lo, hi = (then.gamma.min, then.gamma.max) if then.gamma is not None else (1, MAX_GAMMA)
+    out = [PLAIN]  # always the reference; the router substitutes a served arm where no engine serves plain
     for d in arms.drafts:
         if (then.drafts is None or d in then.drafts) and d not in guarded:
-            out.extend(a for a in (Arm(d, g) for g in range(lo, hi + 1)) if arms.allows(a))
+            out.extend(a for a in arms.arms_of(d) if lo <= a.gamma <= hi)
     return out
 
 

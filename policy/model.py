@@ -86,7 +86,8 @@ class DraftModel:
     def alpha(self, f: RequestFeatures) -> float:
         return sigmoid(self.logit(acceptance_features(f))[0])
 
-    def round_cost(self, k: int, load: int) -> float:
+    def round_cost(self, k, load: int):
+        """In plain steps, for k tokens verified (an int, or an array of them)."""
         a, b, e = self.cost_coef
         return 1.0 + max(a, 0.0) + max(b, 0.0) * k + max(e, 0.0) * k * min(load, 64)
 
@@ -197,12 +198,13 @@ class PolicyModel:
 def speedups_at(m: DraftModel, alpha: float, f: RequestFeatures, gammas: list[int]) -> list[float]:
     """max over k ≤ γ of L / (L · c(k) / τ(α, k) + o), for each γ (the engine adapts k within the bound)."""
     L = max(f.expected_output_tokens, 1)
-    over, load = m.overhead(f), f.load
+    over = m.overhead(f)
+    costs = m.round_cost(np.arange(1, max(gammas, default=0) + 1), f.load).tolist()  # [γ_max]
     best, out, k = 0.0, [], 0
     for g in sorted(gammas):
         while k < g:
             k += 1
-            best = max(best, L / (L * m.round_cost(k, load) / expected_tokens_per_round(alpha, k) + over))
+            best = max(best, L / (L * costs[k - 1] / expected_tokens_per_round(alpha, k) + over))
         out.append(best)
     order = {g: s for g, s in zip(sorted(gammas), out)}
     return [order[g] for g in gammas]

@@ -135,3 +135,10 @@ def test_the_guard_counts_rounds_of_evidence_not_drafted_tokens():
                   rules, prior_model(), random.Random(0), ArmMenu(("ngram",), 1, 8))
     assert "guard" not in few.reason
     assert many.arm.is_plain and "guard" in many.reason
+
+
+def test_an_explicit_menu_offers_exactly_its_arms_within_the_rules_bounds():
+    menu = ArmMenu.parse("plain,ngram:2,ngram:6,draft:5")  # servers configured per arm
+    f = RequestFeatures("code", 0.0, 1.0, 100, 128, 0.5)
+    d = decide(f, parse_rules("default: {gamma: {max: 5}, explore: 0.0}"), prior_model(), random.Random(0), menu)
+    assert set(d.predicted_speedup) == {"plain", "ngram:2", "draft:5"}

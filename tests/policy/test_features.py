@@ -1,0 +1,24 @@
+"""The per-request text signals: what they measure, on texts where the answer is known."""
+
+from policy.features import SAMPLE_CHARS, copy_signal, text_signals
+
+
+def test_the_share_of_letters_outside_ascii_counts_letters_only():
+    text = "Привет, мир! hello 123 ¿qué?"
+    letters = [c for c in text if c.isalpha()]
+    assert text_signals(text)[2] == round(sum(not c.isascii() for c in letters) / len(letters), 4)
+    assert text_signals("plain ascii, 42 digits; no letters beyond")[2] == 0.0
+
+
+def test_code_and_repetition_are_seen_where_they_are():
+    code = "```python\ndef f(x):\n    return {x: 1}\n```"
+    prose = "Tell me about the history of Rome in a few words."
+    assert text_signals(code)[1] > 0.5 and text_signals(prose)[1] == 0.0
+    assert text_signals("a b c " * 4)[0] == 0.7 and text_signals(prose)[0] == 0.0  # 3 of 10 trigrams distinct
+
+
+def test_long_prompts_are_read_from_a_bounded_sample():
+    filler = "lorem ipsum dolor sit amet " * 2000  # repetitive, far longer than the sample
+    assert len(filler) > 10 * SAMPLE_CHARS
+    assert text_signals(filler + "def f(): return 1")[1] > 0  # the tail is in the sample
+    assert copy_signal("Summarize the following article.") > copy_signal("Tell me a joke.")
