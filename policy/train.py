@@ -222,12 +222,12 @@ def greedy_arm(model: PolicyModel, f: RequestFeatures, arms: list[Arm]) -> Arm:
 
 
 def dr_values(policy: PolicyModel, reward: PolicyModel, rows: list[TrainingRow], arms: list[Arm],
-              step: np.ndarray) -> np.ndarray:
+              step: np.ndarray) -> tuple[np.ndarray, list[Arm]]:
     """Per-row doubly-robust estimates of the relative speed `policy`'s greedy
     choice would have had: the reward model's prediction for that choice,
     corrected by the logged outcome where the logged arm agrees (weighted by
-    its inverse propensity, clipped)."""
-    out = np.empty(len(rows))
+    its inverse propensity, clipped). Returns the estimates and the choices."""
+    out, choices = np.empty(len(rows)), []
     for i, r in enumerate(rows):
         choice = greedy_arm(policy, r.features, arms)
         value = predicted(reward, r.features, choice)
@@ -235,7 +235,8 @@ def dr_values(policy: PolicyModel, reward: PolicyModel, rows: list[TrainingRow],
             value += min(1.0 / r.propensity, IPS_CLIP) * (observed_speed(r, step) - predicted(reward, r.features,
                                                                                              r.arm))
         out[i] = value
-    return out
+        choices.append(choice)
+    return out, choices
 
 
 def offline_value(model: PolicyModel, rows: list[TrainingRow], arms: list[Arm],
@@ -245,7 +246,7 @@ def offline_value(model: PolicyModel, rows: list[TrainingRow], arms: list[Arm],
     if not rows:
         return None
     step = plain_step_model(rows) if step is None else step
-    return float(dr_values(model, model, rows, arms, step).mean())
+    return float(dr_values(model, model, rows, arms, step)[0].mean())
 
 
 def judge(rows: list[TrainingRow], live: PolicyModel, arms: list[Arm], split: float = 0.7,
@@ -254,26 +255,39 @@ def judge(rows: list[TrainingRow], live: PolicyModel, arms: list[Arm], split: fl
     ones (paired doubly-robust estimates, the candidate as reward model), and
     say whether it may replace it: the lower one-sided 95% bound of the
     difference must be above zero. Returns the candidate refitted on every
-    row, and the decision with its figures."""
+    row, and the decision with its figures: among them `agreement`, the share
+    of newer rows where both choose the same arm (where they do, the paired
+    difference is exactly zero), and `fit_drafts`, the drafts the older rows
+    were enough to fit (MIN_ROWS_PER_DRAFT each; others keep the prior)."""
     cut = int(len(rows) * split)
     older, newer = rows[:cut], rows[cut:]
     trial = fit(older)
     step = plain_step_model(rows)
-    c = dr_values(trial, trial, newer, arms, step)
-    v = dr_values(live, trial, newer, arms, step)
+    c, c_arms = dr_values(trial, trial, newer, arms, step)
+    v, v_arms = dr_values(live, trial, newer, arms, step)
     diff = c - v
     n = len(diff)
+    agreement = sum(a == b for a, b in zip(c_arms, v_arms)) / n if n else None
     mean = float(diff.mean()) if n else 0.0
     se = float(diff.std(ddof=1) / math.sqrt(n)) if n > 1 else float("inf")
     low = mean - Z * se
     promote = n >= 10 and low > 0
+    if promote:
+        reason = "lower bound of the difference above zero"
+    elif n < 10:
+        reason = f"too few newer rows to judge ({n})"
+    elif agreement == 1.0:
+        reason = ("the candidate chooses as the live model on every newer row" +
+                  ("" if trial.drafts else
+                   f" (no draft has {MIN_ROWS_PER_DRAFT} older rows to fit: the prior still speaks for all)"))
+    else:
+        reason = f"not shown better: lower bound {low:.4f} <= 0"
     candidate = fit(rows, version)
     decision = dict(candidate=candidate.version, live=live.version, rows=len(rows), fit_rows=len(older),
-                    evaluated_rows=n, candidate_value=round(float(c.mean()), 4) if n else None,
+                    fit_drafts=sorted(trial.drafts), evaluated_rows=n,
+                    agreement=round(agreement, 4) if agreement is not None else None,
+                    candidate_value=round(float(c.mean()), 4) if n else None,
                     live_value=round(float(v.mean()), 4) if n else None, difference=round(mean, 4),
-                    lower_bound=round(low, 4) if math.isfinite(low) else None, promoted=promote,
-                    reason=("lower bound of the difference above zero" if promote else
-                            f"not shown better: lower bound {low:.4f} <= 0" if n >= 10 else
-                            f"too few newer rows to judge ({n})"))
+                    lower_bound=round(low, 4) if math.isfinite(low) else None, promoted=promote, reason=reason)
     candidate.metrics.update(judgement=decision)
     return candidate, decision

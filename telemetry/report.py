@@ -83,11 +83,12 @@ def markdown(summary: dict, decisions: list[dict]) -> str:
                      f"{real} | {row['guard_trips']} |")
     lines += ["", "Policy versions served, in order: " + " -> ".join(v["version"] for v in summary["versions"])]
     if decisions:
-        lines += ["", "| judged | candidate | live | rows judged | candidate value | live value | lower bound | "
-                      "promoted |", "|---|---|---|---|---|---|---|---|"]
+        lines += ["", "| judged | candidate | live | rows judged | same choice | candidate value | live value | "
+                      "lower bound | promoted | why |", "|---|---|---|---|---|---|---|---|---|---|"]
         for d in decisions:
             lines.append(f"| {d.get('time', 0):.0f} | {d['candidate']} | {d['live']} | {d['evaluated_rows']} | "
-                         f"{d['candidate_value']} | {d['live_value']} | {d['lower_bound']} | {d['promoted']} |")
+                         f"{d.get('agreement')} | {d['candidate_value']} | {d['live_value']} | {d['lower_bound']} | "
+                         f"{d['promoted']} | {d.get('reason', '')} |")
     return "\n".join(lines)
 
 

@@ -134,9 +134,10 @@ class Retrainer:
         except redis.RedisError:
             pass  # the log line below still says it
         if not decision["promoted"]:
-            log.info("candidate %s not promoted over %s: %s (difference %s, lower bound %s, %d rows judged)",
-                     candidate.version, live.version, decision["reason"], decision["difference"],
-                     decision["lower_bound"], decision["evaluated_rows"])
+            log.info("candidate %s not promoted over %s: %s (difference %s, lower bound %s, %d rows judged, "
+                     "same choice on %s of them)", candidate.version, live.version, decision["reason"],
+                     decision["difference"], decision["lower_bound"], decision["evaluated_rows"],
+                     decision["agreement"])
             return None
         publish(self.client, candidate, self.key, meta=dict(rows=len(rows), judgement=decision))
         self.promoted.append(candidate.version)

@@ -134,7 +134,18 @@ def test_a_candidate_is_promoted_only_when_shown_better():
     rows = simulate(3000, seed=8)
     candidate, decision = judge(rows, prior_model(), ARMS)
     assert decision["promoted"] and decision["lower_bound"] > 0 and decision["evaluated_rows"] == 900
+    assert decision["agreement"] < 1 and decision["fit_drafts"]
     assert candidate.metrics["judgement"] == decision
     # against itself (a live model as good as the candidate), nothing is shown better
     _, again = judge(rows, candidate, ARMS)
     assert not again["promoted"] and "lower bound" in again["reason"]
+
+
+def test_a_candidate_the_older_rows_cannot_fit_is_said_to_choose_as_the_live_model():
+    from policy.train import MIN_ROWS_PER_DRAFT, judge
+
+    rows = simulate(int(MIN_ROWS_PER_DRAFT / 0.7), seed=9)  # the older 70%: too few for any draft to leave the prior
+    _, decision = judge(rows, prior_model(), ARMS)
+    assert (decision["agreement"], decision["difference"], decision["fit_drafts"], decision["promoted"]) == (
+        1.0, 0.0, [], False)
+    assert "no draft has" in decision["reason"]
