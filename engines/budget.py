@@ -3,9 +3,11 @@
 Per round, each speculative row estimates how likely each drafted token is to
 be accepted (given the ones before it):
 
-    prompt lookup   the request's own recent acceptance (an exponential moving
-                    average of accepted / tried), relaxing toward a prior while
-                    nothing is tried, so that a collapsed row probes again
+    prompt lookup   its match length and the token's place in the copy (a
+                    longer match and a copy already running predict the next
+                    token better), calibrated online against what the target
+                    accepted; the prior is optimistic, because a bin never
+                    verified is never learned and a lookup costs no drafting
     model drafts    the draft's confidence in its token, calibrated online
                     against what the target accepted (per draft, greedy or not)
 
@@ -58,6 +60,7 @@ class StepCost:
                  lone: dict[int, float] | None = None):
         self.a, self.b, self.c, self.d = a, b, c, d
         self.lone: dict[int, float] = dict(lone or {})  # tokens fed by a lone row -> measured seconds
+        self._lone_fit: dict[int, float] | None = None  # its monotone fit, remade when the table moves
         self._obs: collections.deque = collections.deque(maxlen=window)
         self._since_fit = 0
 
@@ -68,14 +71,18 @@ class StepCost:
     def step(self, tokens: int, rows: int) -> float:
         """What the budget prices a forward at: measured for one row where known, else the model."""
         if rows == 1 and self.lone:
-            # never cheaper than a shorter forward: noise must not make a longer draft look free
-            known = max((v for t, v in self.lone.items() if t <= tokens), default=0.0)
-            return known if tokens in self.lone else max(known, self.seconds(tokens, 1))
+            if self._lone_fit is None:
+                self._lone_fit = monotone(self.lone)
+            if tokens in self._lone_fit:
+                return self._lone_fit[tokens]
+            known = max((v for t, v in self._lone_fit.items() if t <= tokens), default=0.0)
+            return max(known, self.seconds(tokens, 1))
         return self.seconds(tokens, rows)
 
     def observe(self, tokens: int, rows: int, seconds: float) -> None:
         if rows == 1 and tokens in self.lone:
             self.lone[tokens] += (seconds - self.lone[tokens]) * LONE_RATE
+            self._lone_fit = None
         self._obs.append((tokens, rows, seconds))
         self._since_fit += 1
         if self._since_fit >= 50:
@@ -104,8 +111,23 @@ class StepCost:
         self.d = max(float(new.get(3, self.d)), 0.0)
 
 
+def monotone(table: dict[int, float]) -> dict[int, float]:
+    """The closest non-decreasing fit of a table (pool adjacent violators): a
+    longer forward never priced below a shorter one, and one noisy entry pooled
+    with its neighbours instead of raising every longer forward to it."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for t in sorted(table):
+        blocks.append([table[t], 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    values = [m for m, n in blocks for _ in range(int(n))]
+    return dict(zip(sorted(table), values))
+
+
 class AcceptanceEstimate:
-    """A request's recent per-token acceptance of prompt-lookup drafts."""
+    """A request's recent per-token acceptance: whether a model draft is worth
+    running at all this round, before it has drafted anything to calibrate."""
 
     def __init__(self, prior: float = 0.5, rate: float = 0.3, relax: float = 0.05):
         self.prior, self.value, self.rate, self.relax = prior, prior, rate, relax
@@ -133,12 +155,18 @@ class Calibration:
     def __init__(self, decay: float = 0.995):
         self.decay = decay
         self._tables: dict[tuple, np.ndarray] = {}
+        self._priors: dict[tuple, np.ndarray] = {}
+
+    def start(self, key, prior: tuple[float, float]) -> None:
+        """The prior for `key` (accepted, tried pseudo-counts per bin), if it has no table yet."""
+        if key not in self._tables:
+            self._priors[key] = np.stack([np.full(self.BINS, prior[0]), np.full(self.BINS, prior[1])])
+            self._tables[key] = self._priors[key].copy()
 
     def _table(self, key) -> np.ndarray:
-        t = self._tables.get(key)
-        if t is None:  # prior: an even chance, worth 4 trials per bin, so that every bin gets verified and learned
-            t = self._tables[key] = np.stack([np.full(self.BINS, 2.0), np.full(self.BINS, 4.0)])
-        return t
+        # default prior: an even chance, worth 4 trials per bin, so that every bin gets verified and learned
+        self.start(key, (2.0, 4.0))
+        return self._tables[key]
 
     def value(self, key, confidence: float) -> float:
         """One token's estimate (what a model draft multiplies while it drafts)."""
@@ -154,7 +182,10 @@ class Calibration:
     def observe(self, key, confidence: torch.Tensor, accepted: int) -> None:
         """The tokens tried (up to and including the first rejected) and which were accepted."""
         t = self._table(key)
+        # old evidence fades toward the prior: a bin judged weak and no longer verified
+        # drifts back to worth a try, as the traffic it was judged on may have changed
         t *= self.decay
+        t += (1.0 - self.decay) * self._priors[key]
         tried = min(len(confidence), accepted + 1)
         for i in range(tried):
             b = min(int(float(confidence[i]) * self.BINS), self.BINS - 1)

@@ -121,8 +121,11 @@ class Scheduler:
         cache = self.model.new_cache(reserved)
         proposer = self.drafts[req.arm.draft](reserved) if not req.arm.is_plain else None
         fixed = req.fixed_gamma or not self.adaptive
-        if proposer is not None and not fixed:  # a model draft stops on calibrated estimates, not raw confidence
-            proposer.calibrate = functools.partial(self.calibration.value, (req.arm.draft, sp.temperature == 0))
+        if proposer is not None:
+            key = (req.arm.draft, sp.temperature == 0)
+            self.calibration.start(key, proposer.calibration_prior)
+            if not fixed:  # a model draft stops on calibrated estimates, not raw confidence
+                proposer.calibrate = functools.partial(self.calibration.value, key)
         return Running(handle, sp, req.arm.gamma, req.arm.draft, list(handle.prompt_ids), len(handle.prompt_ids),
                        cache, proposer, torch.Generator(device=self.model.device).manual_seed(seed), stats,
                        IncrementalText(self.tokenizer, sp.stop), now, reserved, req.min_confidence, fixed)

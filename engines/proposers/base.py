@@ -23,7 +23,7 @@ from engines.api import SamplingParams
 class Proposal:
     token_ids: torch.Tensor  # [k] long, k <= γ (k = 0: nothing to propose this round)
     probs: torch.Tensor | None  # [k, V] the draft's q, shaped like the target's p; None = one-hot
-    confidence: torch.Tensor | None = None  # [k] estimated chance each token is accepted given the ones before
+    confidence: torch.Tensor | None = None  # [k] the draft's score of each token, which the scheduler calibrates
 
     def truncate(self, k: int) -> Proposal:
         """The first k tokens (what the step budget admits for verification)."""
@@ -39,6 +39,7 @@ class Proposer(Protocol):
     drafting_costs: bool  # drafting runs a model (skip it when its tokens would not be verified)
     min_confidence: float  # a model draft stops once its running estimate falls below this
     calibrate: object  # None, or confidence -> estimated acceptance (set by the scheduler)
+    calibration_prior: tuple[float, float]  # what the scheduler's calibration assumes before evidence
 
     def propose(self, context: list[int], gamma: int, sampling: SamplingParams,
                 generator: torch.Generator) -> Proposal:
@@ -59,6 +60,7 @@ class ProposerBase:
     drafting_costs = False
     min_confidence = 0.0
     calibrate = None
+    calibration_prior = (2.0, 4.0)  # (accepted, tried) per confidence bin before any verification: an even chance
 
     def estimate(self, confidence: float) -> float:
         """A drafted token's chance of acceptance: calibrated when the scheduler

@@ -183,3 +183,32 @@ def test_sampling_follows_the_target_when_the_budget_cuts_drafts():
     verified = sum(sum(r.stats.verified_per_round) for r in results)
     assert 0 < verified < drafted
     assert_follows(exact, counts, trials, "budget")
+
+
+def test_one_noisy_entry_of_the_lone_table_does_not_raise_every_longer_forward():
+    # measured at start-up on a busy machine: 3 tokens read high, 5 low
+    cost = budget.StepCost(lone={1: 0.076, 2: 0.151, 3: 0.184, 4: 0.164, 5: 0.134, 6: 0.161})
+    steps = [cost.step(t, 1) for t in range(1, 8)]
+    assert steps == sorted(steps)  # never cheaper than a shorter forward
+    assert steps[2] == steps[3] == steps[4] == pytest.approx((0.184 + 0.164 + 0.134) / 3)  # pooled, not the max
+    assert steps[5] == 0.161 and steps[6] >= 0.161
+    cost.observe(3, 1, 0.134)  # the table moves, and its fit with it
+    assert cost.step(3, 1) < steps[2]
+
+
+def test_prompt_lookup_learns_which_matches_hold_and_probes_what_it_judged_weak():
+    from engines.proposers.ngram import match_score
+
+    cal, key = budget.Calibration(), ("ngram", True)
+    cal.start(key, NgramProposer.calibration_prior)
+    long_match, short_match = [match_score(3, j) for j in range(4)], [match_score(1, j) for j in range(4)]
+    assert len(set(long_match + short_match)) == 6  # bins told apart
+    assert cal.estimate(key, torch.tensor(short_match))[0] >= 0.75  # before evidence: worth verifying
+    for _ in range(300):  # long matches copy on; single-token matches miss at once
+        cal.observe(key, torch.tensor(long_match), accepted=4)
+        cal.observe(key, torch.tensor(short_match), accepted=0)
+    assert cal.estimate(key, torch.tensor(long_match)).min() > 0.9
+    assert cal.estimate(key, torch.tensor(short_match[:1]))[0] < 0.1
+    for _ in range(1000):  # only long matches verified from here on: the weak bin drifts back toward a try
+        cal.observe(key, torch.tensor(long_match), accepted=4)
+    assert cal.estimate(key, torch.tensor(short_match[:1]))[0] > 0.5
