@@ -116,7 +116,9 @@ def main(args) -> int:
         results = []
         for c in args.levels:
             for arm in args.arms:  # arms interleaved per level: drift hits them alike
-                per_client = max(1, args.requests_per_level // c) if c < args.requests_per_level else 1
+                # each client sends several: a slot freed early is refilled, as when serving; with one
+                # request each, a level would time its slowest request and not throughput
+                per_client = max(args.requests_per_client, -(-args.requests_per_level // c))
                 r = run_level(engine, prompts, arm, c, per_client, args.max_tokens, offset=c)
                 results.append(r)
                 log(f"c={c:<3} {arm:<11} {r['tok_s']:7.1f} tok/s  p50 {r['p50_s']:.2f} s  p99 {r['p99_s']:.2f} s"
@@ -160,6 +162,8 @@ def add_arguments(p) -> None:
     p.add_argument("--config", help="engine config YAML (default: built-in SmolLM2 config)")
     p.add_argument("--levels", nargs="+", type=int, default=list(DEFAULT_LEVELS), help="concurrency levels")
     p.add_argument("--requests-per-level", type=int, default=4, help="requests per level at least (default: 4)")
+    p.add_argument("--requests-per-client", type=int, default=3,
+                   help="requests each client sends back to back, at least (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=48, help="tokens per request (default: %(default)s)")
     p.add_argument("--max-prompt-tokens", type=int, default=160, help="skip longer prompts (default: %(default)s)")
     p.add_argument("--out", help="JSON results; a PNG plot is written beside it")

@@ -6,7 +6,8 @@ be accepted (given the ones before it):
     prompt lookup   its match length and the token's place in the copy (a
                     longer match and a copy already running predict the next
                     token better), calibrated online against what the target
-                    accepted; the prior is optimistic, because a bin never
+                    accepted (scaled per request by how its own drafts fare
+                    against that); the prior is optimistic, because a bin never
                     verified is never learned and a lookup costs no drafting
     model drafts    the draft's confidence in its token, calibrated online
                     against what the target accepted (per draft, greedy or not)
@@ -144,6 +145,33 @@ class AcceptanceEstimate:
     def settle(self, belief: float) -> None:
         """Drafted but not verified: move toward what the draft believed its first token worth."""
         self.value += (belief - self.value) * self.rate
+
+
+class RequestBias:
+    """How one request's drafts fare against the engine-wide calibration:
+    accepted over expected on the tokens it tried, recent rounds weighing most,
+    with M pseudo-tokens at 1 (no evidence: as calibrated). A request that
+    copies its prompt accepts more than the shared bins predict, a chatty one
+    less; its estimates are scaled by the ratio."""
+
+    M = 2.0
+    DECAY = 0.9  # per verified round: the ratio follows a request that stops copying
+
+    def __init__(self):
+        self.observed = self.expected = 0.0
+
+    @property
+    def ratio(self) -> float:
+        return (self.observed + self.M) / (self.expected + self.M)
+
+    def apply(self, estimates: torch.Tensor) -> torch.Tensor:
+        return (estimates * self.ratio).clamp(0.0, 0.99)
+
+    def observe(self, estimates: torch.Tensor, accepted: int) -> None:
+        """Calibrated estimates of the tokens verified, and how many were accepted."""
+        tried = min(len(estimates), accepted + 1)
+        self.observed = self.observed * self.DECAY + accepted
+        self.expected = self.expected * self.DECAY + float(estimates[:tried].sum())
 
 
 class Calibration:

@@ -55,6 +55,7 @@ class Running:
     min_confidence: float = 0.0
     fixed: bool = False  # verify the full γ every round (no adaptation)
     acceptance: budget.AcceptanceEstimate = field(default_factory=budget.AcceptanceEstimate)
+    bias: budget.RequestBias = field(default_factory=budget.RequestBias)  # scales calibrated estimates
     prefilled: int = 0
     out_ids: list[int] = field(default_factory=list)
     finish: str | None = None  # stop, length, cancelled, error
@@ -204,7 +205,8 @@ class Scheduler:
         """Expected tokens added by verifying each prefix of a row's drafts."""
         prop = p.proposal
         if prop.confidence is not None:
-            est = self.calibration.estimate((p.row.draft, p.row.sampling.temperature == 0), prop.confidence)
+            est = p.row.bias.apply(self.calibration.estimate((p.row.draft, p.row.sampling.temperature == 0),
+                                                             prop.confidence))
         else:
             est = torch.full((p.drafted,), p.row.acceptance.value)
         return budget.survival(est)
@@ -235,7 +237,9 @@ class Scheduler:
             if wants_states:
                 r.proposer.observe_states(states[: n + 1])  # the last token and the accepted drafts
             if p.proposal.confidence is not None:
-                self.calibration.observe((r.draft, r.sampling.temperature == 0), p.proposal.confidence, n)
+                key = (r.draft, r.sampling.temperature == 0)
+                r.bias.observe(self.calibration.estimate(key, p.proposal.confidence), n)
+                self.calibration.observe(key, p.proposal.confidence, n)
         else:
             k, n = 0, 0
             emitted = [sample_token(logits, r.sampling, r.generator)]

@@ -16,8 +16,9 @@ from engines.proposers.base import Proposal, ProposerBase
 
 
 class NgramProposer(ProposerBase):
-    # optimistic (0.8, worth 5 tries): a bin never verified is never learned, and a lookup costs no drafting
-    calibration_prior = (4.0, 5.0)
+    # optimistic but light (0.6, worth 2.5 tries): a bin never verified is never learned, a lookup costs
+    # no drafting, and a few misses must suffice to stop probing where a verification costs a whole step
+    calibration_prior = (1.5, 2.5)
 
     def __init__(self, min_n: int = 1, max_n: int = 3, device: str = "cpu"):
         if not 1 <= min_n <= max_n:
