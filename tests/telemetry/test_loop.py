@@ -142,3 +142,21 @@ def test_http_requests_continue_the_callers_trace_too():
         assert format(root.parent.span_id, "016x") == "b7ad6b7169203331"
     finally:
         g.close()
+
+
+def test_the_prompt_is_recorded_only_when_the_operator_asks():
+    from telemetry.outcomes import MemoryOutcomeSink
+
+    for include in (False, True):
+        sink = MemoryOutcomeSink()
+        g = start_gateway(sink=sink, telemetry={"include_prompt": include})
+        try:
+            g.stub.Generate(pb.GenerateRequest(prompt="a private prompt", max_tokens=2))
+            deadline = time.monotonic() + 5
+            while not sink.items and time.monotonic() < deadline:
+                time.sleep(0.02)
+            record = json.loads(sink.items[-1].to_json())
+        finally:
+            g.close()
+        assert record.get("prompt") == ("a private prompt" if include else None)
+        assert "private" not in json.dumps(record) or include
