@@ -175,8 +175,9 @@ class RequestBias:
 
 
 class Calibration:
-    """Acceptance against the draft's own confidence, in bins, per (draft, greedy):
-    turns a model draft's top probability into an estimate of acceptance."""
+    """Acceptance against a draft's score of its token, in bins, per (draft,
+    greedy): turns a model draft's top probability, or prompt lookup's match
+    score, into an estimate of acceptance."""
 
     BINS = 10
 
