@@ -66,6 +66,11 @@ class Running:
         return len(self.out_ids)
 
 
+def calibration_key(draft: str, sampling: SamplingParams) -> tuple[str, bool]:
+    """Whose calibration a row's draft scores go to: per draft, greedy apart from sampled."""
+    return draft, sampling.temperature == 0
+
+
 @dataclass
 class Plan:
     """What one row feeds this step."""
@@ -123,7 +128,7 @@ class Scheduler:
         proposer = self.drafts[req.arm.draft](reserved) if not req.arm.is_plain else None
         fixed = req.fixed_gamma or not self.adaptive
         if proposer is not None:
-            key = (req.arm.draft, sp.temperature == 0)
+            key = calibration_key(req.arm.draft, sp)
             self.calibration.start(key, proposer.calibration_prior)
             if not fixed:  # a model draft stops on calibrated estimates, not raw confidence
                 proposer.calibrate = functools.partial(self.calibration.value, key)
@@ -205,7 +210,7 @@ class Scheduler:
         """Expected tokens added by verifying each prefix of a row's drafts."""
         prop = p.proposal
         if prop.confidence is not None:
-            est = p.row.bias.apply(self.calibration.estimate((p.row.draft, p.row.sampling.temperature == 0),
+            est = p.row.bias.apply(self.calibration.estimate(calibration_key(p.row.draft, p.row.sampling),
                                                              prop.confidence))
         else:
             est = torch.full((p.drafted,), p.row.acceptance.value)
@@ -237,7 +242,7 @@ class Scheduler:
             if wants_states:
                 r.proposer.observe_states(states[: n + 1])  # the last token and the accepted drafts
             if p.proposal.confidence is not None:
-                key = (r.draft, r.sampling.temperature == 0)
+                key = calibration_key(r.draft, r.sampling)
                 r.bias.observe(self.calibration.estimate(key, p.proposal.confidence), n)
                 self.calibration.observe(key, p.proposal.confidence, n)
         else:
