@@ -17,15 +17,17 @@ import numpy as np
 from engines.arms import MAX_GAMMA, Arm, ArmMenu
 from engines.errors import InvalidRequest
 from policy.features import RequestFeatures
-from policy.model import PolicyModel, acceptance_features, prior_model, sigmoid, speedups_at
+from policy.model import PolicyModel, acceptance_features, prior_model, speed_table
 from policy.rules import RuleSet, Then
 
 SOURCES = ("rule", "policy", "exploration", "fallback", "request")
 EXPLORE_FLOOR = 0.75  # explored arms are predicted at least this share of the best arm's speedup
 THOMPSON_DRAWS = 64
 PLAIN = Arm()
-# Fixed standard-normal draws (one column per draft): a decision picks one row at random.
-_DRAWS = np.random.default_rng(20261130).standard_normal((THOMPSON_DRAWS, 8))
+# Fixed standard-normal draws (one column per draft; row 0 is the mean): a decision picks one row at random.
+_DRAWS = np.concatenate([np.zeros((1, 8)), np.random.default_rng(20261130).standard_normal((THOMPSON_DRAWS, 8))])
+_MEAN_ONLY = np.zeros(1)  # no exploration: the mean alone
+_ONES = np.ones(THOMPSON_DRAWS)  # plain, under every draw
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None,
     """Pick the arm for one request among those `arms` (what the engines serve)
     and the matching rule allow."""
     model = model or prior_model()
-    rule, then, _ = rules.match(features)
+    rule, then = rules.first(features)
     rule_name = rule.name if rule else None
     where = f"rule {rule_name!r}" if rule else "default rules"
     base = dict(rule=rule_name, policy_version=model.version, rules_version=rules.digest)
@@ -85,30 +87,38 @@ def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None,
             "no draft is served" if not arms.drafts else f"{where} allows no draft")
         return Decision(Arm(), "fallback" if not arms.drafts else "rule", reason=f"plain: {why}", **base)
 
-    # the model's mean prediction for every candidate, and the uncertainty of each draft's acceptance
+    # one table per draft: row 0 at the mean of α, rows 1.. at Thompson draws from its posterior
+    strength = then.explore if then.explore is not None else model.explore
     x = acceptance_features(features)
     by_draft: dict[str, list[Arm]] = {}
     for a in candidates[1:]:
         by_draft.setdefault(a.draft, []).append(a)
-    logits = {d: model.draft(d).logit(x) for d in by_draft}
     speed = {PLAIN.name: 1.0}
-    for d, group in by_draft.items():
-        gammas = [a.gamma for a in group]
-        for a, s in zip(group, speedups_at(model.draft(d), sigmoid(logits[d][0]), features, gammas)):
-            speed[a.name] = round(s, 4)
+    drawn = {PLAIN.name: _ONES}  # arm name -> its speedup under each draw
+    for j, (d, group) in enumerate(sorted(by_draft.items())):
+        m = model.draft(d)
+        mean, sd = m.logit(x)
+        z = _DRAWS[:, j % _DRAWS.shape[1]] if strength > 0 else _MEAN_ONLY
+        alpha = 1.0 / (1.0 + np.exp(-np.clip(mean + strength * sd * z, -30, 30)))
+        table = speed_table(m, alpha, features, max(a.gamma for a in group))  # [1 + draws, γ_max]
+        for a in group:
+            speed[a.name] = round(float(table[0, a.gamma - 1]), 4)
+            drawn[a.name] = table[1:, a.gamma - 1]
     # ties go to the earlier (cheaper) candidate: plain, then smaller γ
     best = candidates[max(range(len(candidates)), key=lambda i: (speed[candidates[i].name], -i))]
 
     # Thompson sampling among the safe arms: those predicted within EXPLORE_FLOOR of
     # the best. A wild arm costs more than its own request: under load one slow
     # model-drafted sequence holds back every sequence batched with it.
-    strength = then.explore if then.explore is not None else model.explore
-    pool = [a for a in candidates if speed[a.name] >= EXPLORE_FLOOR * speed[best.name]]
+    floor = EXPLORE_FLOOR * speed[best.name]
+    pool = [a for a in candidates if speed[a.name] >= floor]
     chosen, propensity = best, 1.0
     if strength > 0 and len(pool) > 1:
-        wins = _thompson(features, model, pool, by_draft, logits, strength)
-        chosen = pool[int(wins[rng.randrange(len(wins))])]  # a draw at random decides...
-        propensity = float((wins == pool.index(chosen)).mean())  # ...so its propensity is exact
+        # the index of the best pool arm under each draw; a draw taken at random decides,
+        # so the share of draws an arm wins is exactly its probability of being chosen
+        wins = np.stack([drawn[a.name] for a in pool], axis=1).argmax(axis=1)
+        i = int(wins[rng.randrange(len(wins))])
+        chosen, propensity = pool[i], float((wins == i).mean())
     explored = chosen != best
     ctx = (f"{features.category}, T={features.temperature:g}, ~{features.expected_output_tokens} tokens, "
            f"load {features.load}")
@@ -123,39 +133,6 @@ def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None,
         reason += f"; guard excluded {sorted(guarded)}"
     return Decision(chosen, "exploration" if explored else "policy", predicted_speedup=speed,
                     propensity=round(propensity, 6), explored=explored, reason=reason, **base)
-
-
-def _thompson(f: RequestFeatures, model: PolicyModel, pool: list[Arm], by_draft: dict[str, list[Arm]],
-              logits: dict[str, tuple[float, float]], strength: float) -> np.ndarray:
-    """Index in `pool` of the best arm under each of a fixed set of draws of every
-    draft's acceptance from its posterior (standard deviation scaled by
-    `strength`). The decision takes one of these draws at random, so the share
-    of draws an arm wins is exactly its probability of being chosen."""
-    col = {a: i for i, a in enumerate(pool)}
-    speeds = np.ones((THOMPSON_DRAWS, len(pool)))  # plain's column stays 1
-    for j, (d, group) in enumerate(sorted(by_draft.items())):
-        in_pool = [a for a in group if a in col]
-        if not in_pool:
-            continue
-        m = model.draft(d)
-        mean, sd = logits[d]
-        z = _DRAWS[:, j % _DRAWS.shape[1]]
-        alpha = 1.0 / (1.0 + np.exp(-np.clip(mean + strength * sd * z, -30, 30)))
-        table = speed_table(m, alpha, f, max(a.gamma for a in in_pool))  # [draws, γ_max]: best over k ≤ γ
-        for a in in_pool:
-            speeds[:, col[a]] = table[:, a.gamma - 1]
-    return speeds.argmax(axis=1)
-
-
-def speed_table(m, alpha: np.ndarray, f: RequestFeatures, gamma_max: int) -> np.ndarray:
-    """Vectorised speedups_at: [draws, γ_max], entry [i, γ-1] = max over k ≤ γ."""
-    L = max(f.expected_output_tokens, 1)
-    k = np.arange(1, gamma_max + 1)
-    a = np.clip(alpha, 0.0, 1.0 - 1e-9)[:, None]
-    tau = (1.0 - a ** (k + 1)) / (1.0 - a)
-    cost = m.round_cost(k, f.load)
-    speed = L / (L * cost / tau + m.overhead(f))
-    return np.maximum.accumulate(speed, axis=1)
 
 
 def _guarded_drafts(f: RequestFeatures, then: Then, rng: random.Random) -> set[str]:

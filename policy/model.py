@@ -197,17 +197,19 @@ class PolicyModel:
 
 def speedups_at(m: DraftModel, alpha: float, f: RequestFeatures, gammas: list[int]) -> list[float]:
     """max over k ≤ γ of L / (L · c(k) / τ(α, k) + o), for each γ (the engine adapts k within the bound)."""
+    table = speed_table(m, np.array([alpha]), f, max(gammas, default=1))[0]
+    return [float(table[g - 1]) for g in gammas]
+
+
+def speed_table(m: DraftModel, alpha: np.ndarray, f: RequestFeatures, gamma_max: int) -> np.ndarray:
+    """Speedups for many values of α at once: [len(α), γ_max], entry [i, γ-1] the
+    best over k ≤ γ of L / (L · c(k) / τ(α_i, k) + o)."""
     L = max(f.expected_output_tokens, 1)
-    over = m.overhead(f)
-    costs = m.round_cost(np.arange(1, max(gammas, default=0) + 1), f.load).tolist()  # [γ_max]
-    best, out, k = 0.0, [], 0
-    for g in sorted(gammas):
-        while k < g:
-            k += 1
-            best = max(best, L / (L * costs[k - 1] / expected_tokens_per_round(alpha, k) + over))
-        out.append(best)
-    order = {g: s for g, s in zip(sorted(gammas), out)}
-    return [order[g] for g in gammas]
+    k = np.arange(1, gamma_max + 1)
+    a = np.clip(alpha, 0.0, 1.0 - 1e-9)[:, None]
+    tau = (1.0 - a ** (k + 1)) / (1.0 - a)  # expected_tokens_per_round, vectorised
+    speed = L / (L * m.round_cost(k, f.load) / tau + m.overhead(f))
+    return np.maximum.accumulate(speed, axis=1)
 
 
 _PRIORS = {kind: prior_draft(kind) for kind in ("ngram", "eagle", "model")}  # read-only

@@ -79,17 +79,25 @@ class When(_Strict):
 
     def failed(self, f: RequestFeatures) -> str | None:
         """The first condition that does not hold, described; None when all hold."""
+        why = next(self._failures(f), None)
+        return None if why is None else why()
+
+    def holds(self, f: RequestFeatures) -> bool:
+        return next(self._failures(f), None) is None
+
+    def _failures(self, f: RequestFeatures):
+        """Each condition that does not hold, as a function that describes it (the
+        decision path only asks whether there is one: describing costs more than checking)."""
         if self.category is not None and f.category not in self.category:
-            return f"category {f.category!r} not in {self.category}"
+            yield lambda: f"category {f.category!r} not in {self.category}"
         if self.tenant is not None and f.tenant not in self.tenant:
-            return f"tenant {f.tenant!r} not in {self.tenant}"
+            yield lambda: f"tenant {f.tenant!r} not in {self.tenant}"
         for name, value in (("temperature", f.temperature), ("top_p", f.top_p),
                             ("expected_length", f.expected_output_tokens),
                             ("prompt_length", f.prompt_tokens), ("load", f.load)):
             r: Range | None = getattr(self, name)
             if r is not None and not r.holds(value):
-                return f"{name} {value:g} is not {r.describe()}"
-        return None
+                yield lambda name=name, value=value, r=r: f"{name} {value:g} is not {r.describe()}"
 
 
 class GammaRange(_Strict):
@@ -174,6 +182,13 @@ class RuleSet(_Strict):
     def digest(self) -> str:
         """Content version of the rules, for logs, traces and GetStatus."""
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:12]
+
+    def first(self, f: RequestFeatures) -> tuple[Rule | None, Then]:
+        """First rule whose conditions hold (None: the default) and its action."""
+        for rule in self.rules:
+            if rule.when.holds(f):
+                return rule, rule.then
+        return None, self.default
 
     def match(self, f: RequestFeatures) -> tuple[Rule | None, Then, list[str]]:
         """First rule whose conditions hold, its action, and why earlier rules did not match."""
