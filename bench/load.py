@@ -12,6 +12,7 @@ drafts: modes are `plain`, `DRAFT:G` (adaptive up to G) and `DRAFT:G/fixed`.
 from __future__ import annotations
 
 import json
+import math
 import resource
 import statistics
 import sys
@@ -21,12 +22,14 @@ from pathlib import Path
 
 from bench import cpu_model
 from bench.engine import parse_mode
+from bench.specbench.intervals import repeats_interval, verdict
 from engines.api import ChatMessage, GenerationRequest, SamplingParams
 from engines.builtin import BuiltinEngine, drive_from_side_thread
 from engines.config import load_engine_config
 
 DEFAULT_ARMS = ("plain", "ngram:8/fixed", "ngram:8", "eagle:4/fixed", "eagle:6", "selfspec:2/fixed", "selfspec:2")
 DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32)
+TARGET = 0.98  # every speculative arm at least this share of plain's throughput, at every level
 
 
 def load_prompts(path: Path, engine: BuiltinEngine, max_prompt_tokens: int,
@@ -80,18 +83,39 @@ def run_level(engine: BuiltinEngine, prompts, arm: str, concurrency: int, per_cl
                 p99_s=lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else None, errors=errors)
 
 
-def plot(results: list[dict], out: Path, arms) -> None:
+def summarise(results: list[dict], arms: list[str], levels: list[int]) -> dict:
+    """Per level and arm: mean tok/s, mean p99, and the throughput ratio to the
+    first arm as [mean, low, high] over repeats (each repeat's ratio paired in time)."""
+    out: dict = {}
+    for c in levels:
+        runs = [r for r in results if r["concurrency"] == c]
+        base = {r["repeat"]: r["tok_s"] for r in runs if r["arm"] == arms[0]}
+        out[c] = {}
+        for a in arms:
+            mine = [r for r in runs if r["arm"] == a]
+            ratios = [r["tok_s"] / base[r["repeat"]] for r in mine if base.get(r["repeat"])]
+            out[c][a] = dict(tok_s=statistics.mean(r["tok_s"] for r in mine),
+                             p99_s=statistics.mean(r["p99_s"] for r in mine if r["p99_s"] is not None),
+                             ratio=repeats_interval(ratios) if ratios else [float("nan")] * 3)
+    return out
+
+
+def _interval(iv: list[float]) -> str:
+    point, low, high = iv
+    return f"{point:.2f}" if math.isnan(low) else f"{point:.2f} [{low:.2f}, {high:.2f}]"
+
+
+def plot(summary: dict, out: Path, arms) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    xs = sorted(summary)
     for arm in arms:
-        rs = [r for r in results if r["arm"] == arm]
-        xs = [r["concurrency"] for r in rs]
-        a1.plot(xs, [r["tok_s"] for r in rs], marker="o", label=arm)
-        a2.plot(xs, [r["p99_s"] for r in rs], marker="o", label=arm)
+        a1.plot(xs, [summary[c][arm]["tok_s"] for c in xs], marker="o", label=arm)
+        a2.plot(xs, [summary[c][arm]["p99_s"] for c in xs], marker="o", label=arm)
     for ax, title in ((a1, "output tokens/s"), (a2, "p99 latency (s)")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrency")
@@ -115,40 +139,48 @@ def main(args) -> int:
     def drive():
         results = []
         for c in args.levels:
-            for arm in args.arms:  # arms interleaved per level: drift hits them alike
-                # each client sends several: a slot freed early is refilled, as when serving; with one
-                # request each, a level would time its slowest request and not throughput
-                per_client = max(args.requests_per_client, -(-args.requests_per_level // c))
-                r = run_level(engine, prompts, arm, c, per_client, args.max_tokens, offset=c)
-                results.append(r)
-                log(f"c={c:<3} {arm:<11} {r['tok_s']:7.1f} tok/s  p50 {r['p50_s']:.2f} s  p99 {r['p99_s']:.2f} s"
-                    f"  ({r['requests']} requests{', errors: ' + str(len(r['errors'])) if r['errors'] else ''})")
+            # each client sends several: a slot freed early is refilled, as when serving; with one
+            # request each, a level would time its slowest request and not throughput
+            per_client = max(args.requests_per_client, -(-args.requests_per_level // c))
+            for rep in range(args.repeats):
+                # arms interleaved per level and rotated per repeat: drift hits them alike; each
+                # repeat its own prompts, the same for every arm in it (ratios stay paired)
+                k = rep % len(args.arms)
+                for arm in args.arms[k:] + args.arms[:k]:
+                    r = run_level(engine, prompts, arm, c, per_client, args.max_tokens, offset=c + rep * 7)
+                    results.append(r | dict(repeat=rep))
+                    log(f"c={c:<3} {arm:<11} {r['tok_s']:7.1f} tok/s  p50 {r['p50_s']:.2f} s  p99 {r['p99_s']:.2f} s"
+                        f"  ({r['requests']} requests{', errors: ' + str(len(r['errors'])) if r['errors'] else ''})"
+                        f"  repeat {rep + 1}/{args.repeats}")
         return results
 
     results = drive_from_side_thread(engine, drive)
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    summary = summarise(results, args.arms, args.levels)
     print(f"machine: {cpu_model()}")
-    print("| concurrency | " + " | ".join(f"{a} tok/s (x plain) / p50 / p99 s" for a in args.arms) + " |")
+    print(f"{args.repeats} repeat(s) per level; ratio: mean over repeats of tok/s over plain's in the same repeat"
+          + (", [95% t interval]" if args.repeats > 1 else ""))
+    print("| concurrency | " + " | ".join(f"{a} tok/s (x plain) / p99 s" for a in args.arms) + " |")
     print("|---" * (len(args.arms) + 1) + "|")
     for c in args.levels:
-        row = {r["arm"]: r for r in results if r["concurrency"] == c}
-        plain = row[args.arms[0]]["tok_s"]
-        cells = [f"{row[a]['tok_s']:.1f} ({row[a]['tok_s'] / plain:.2f}) / {row[a]['p50_s']:.1f} / "
-                 f"{row[a]['p99_s']:.1f}"
-                 for a in args.arms]
+        cells = []
+        for a in args.arms:
+            s = summary[c][a]
+            ratio = "" if a == args.arms[0] else f" ({_interval(s['ratio'])})"
+            cells.append(f"{s['tok_s']:.1f}{ratio} / {s['p99_s']:.1f}")
         print(f"| {c} | " + " | ".join(cells) + " |")
-    base = {r["concurrency"]: r["tok_s"] for r in results if r["arm"] == args.arms[0]}
     for arm in args.arms[1:]:
-        wins = [r["concurrency"] for r in results if r["arm"] == arm and r["tok_s"] > base[r["concurrency"]]]
-        loses = [r["concurrency"] for r in results if r["arm"] == arm and r["tok_s"] <= base[r["concurrency"]]]
-        print(f"{arm}: faster than plain at concurrency {wins or 'none'}; not at {loses or 'none'}")
+        verdicts = {c: verdict(summary[c][arm]["ratio"], TARGET) for c in args.levels}
+        print(f"{arm}: >= {TARGET}x plain at " + ", ".join(f"c={c} {v}" for c, v in verdicts.items()))
+    base = {c: summary[c][args.arms[0]]["tok_s"] for c in args.levels}
     if 1 in base and 8 in base:
         print(f"plain throughput, concurrency 8 / 1: {base[8] / base[1]:.2f}x")
     print(f"peak RSS {peak_rss_mb:.0f} MB (weights, caches and all); KV budget {config.kv_budget_tokens} positions")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(dict(results=results, peak_rss_mb=peak_rss_mb), indent=1))
-        plot(results, Path(args.out).with_suffix(".png"), args.arms)
+        Path(args.out).write_text(json.dumps(dict(machine=cpu_model(), results=results, summary=summary,
+                                                  peak_rss_mb=peak_rss_mb), indent=1))
+        plot(summary, Path(args.out).with_suffix(".png"), args.arms)
         print(f"wrote {args.out} and {Path(args.out).with_suffix('.png')}")
     return 0
 
@@ -164,6 +196,9 @@ def add_arguments(p) -> None:
     p.add_argument("--requests-per-level", type=int, default=4, help="requests per level at least (default: 4)")
     p.add_argument("--requests-per-client", type=int, default=3,
                    help="requests each client sends back to back, at least (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="passes per level, arms rotated and prompts varied per pass; >1 gives 95%% intervals "
+                        "(default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=48, help="tokens per request (default: %(default)s)")
     p.add_argument("--max-prompt-tokens", type=int, default=160, help="skip longer prompts (default: %(default)s)")
     p.add_argument("--out", help="JSON results; a PNG plot is written beside it")

@@ -1,0 +1,29 @@
+"""bench-load's summary: ratios paired within a repeat, intervals over repeats."""
+
+import math
+
+from bench.load import summarise
+
+
+def _run(arm, c, rep, tok_s, p99=1.0):
+    return dict(arm=arm, concurrency=c, repeat=rep, tok_s=tok_s, p99_s=p99)
+
+
+def test_ratios_are_paired_within_a_repeat_and_intervals_span_the_repeats():
+    # plain drifts 2x between repeats; the arm keeps 0.9x of it in each: the ratio must not see the drift
+    results = [_run("plain", 4, 0, 100.0), _run("ngram:8", 4, 0, 90.0),
+               _run("plain", 4, 1, 50.0), _run("ngram:8", 4, 1, 45.0),
+               _run("plain", 4, 2, 80.0), _run("ngram:8", 4, 2, 76.0)]
+    s = summarise(results, ["plain", "ngram:8"], [4])[4]
+    point, low, high = s["ngram:8"]["ratio"]
+    assert point == round((0.9 + 0.9 + 0.95) / 3, 4)
+    assert low < 0.9 < 0.95 < high
+    assert s["plain"]["ratio"][0] == 1.0
+    assert s["ngram:8"]["tok_s"] == (90 + 45 + 76) / 3
+
+
+def test_one_repeat_has_a_point_and_no_interval():
+    s = summarise([_run("plain", 1, 0, 10.0), _run("eagle:6", 1, 0, 12.0, p99=3.0)], ["plain", "eagle:6"], [1])[1]
+    point, low, high = s["eagle:6"]["ratio"]
+    assert point == 1.2 and math.isnan(low) and math.isnan(high)
+    assert s["eagle:6"]["p99_s"] == 3.0
