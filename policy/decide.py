@@ -27,7 +27,7 @@ PLAIN = Arm()
 # Fixed standard-normal draws (one column per draft; row 0 is the mean): a decision picks one row at random.
 _DRAWS = np.concatenate([np.zeros((1, 8)), np.random.default_rng(20261130).standard_normal((THOMPSON_DRAWS, 8))])
 _MEAN_ONLY = np.zeros(1)  # no exploration: the mean alone
-_ONES = np.ones(THOMPSON_DRAWS)  # plain, under every draw
+_ONES = np.ones((THOMPSON_DRAWS, 1))  # plain, under every draw
 
 
 @dataclass(frozen=True)
@@ -94,16 +94,20 @@ def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None,
     for a in candidates[1:]:
         by_draft.setdefault(a.draft, []).append(a)
     speed = {PLAIN.name: 1.0}
-    drawn = {PLAIN.name: _ONES}  # arm name -> its speedup under each draw
+    blocks, column = [_ONES], {PLAIN.name: 0}  # every arm's speedup under each draw: one matrix, a column per γ
     for j, (d, group) in enumerate(sorted(by_draft.items())):
         m = model.draft(d)
         mean, sd = m.logit(x)
+        mean = min(max(mean, -30.0), 30.0)
         z = _DRAWS[:, j % _DRAWS.shape[1]] if strength > 0 else _MEAN_ONLY
-        alpha = 1.0 / (1.0 + np.exp(-np.clip(mean + strength * sd * z, -30, 30)))
+        alpha = 1.0 / (1.0 + np.exp(-(mean + strength * sd * z)))  # |z| < 6: no overflow
         table = speed_table(m, alpha, features, max(a.gamma for a in group))  # [1 + draws, γ_max]
+        at_mean = table[0].tolist()
+        offset = sum(b.shape[1] for b in blocks)
         for a in group:
-            speed[a.name] = round(float(table[0, a.gamma - 1]), 4)
-            drawn[a.name] = table[1:, a.gamma - 1]
+            speed[a.name] = round(at_mean[a.gamma - 1], 4)
+            column[a.name] = offset + a.gamma - 1
+        blocks.append(table[1:])
     # ties go to the earlier (cheaper) candidate: plain, then smaller γ
     best = candidates[max(range(len(candidates)), key=lambda i: (speed[candidates[i].name], -i))]
 
@@ -116,9 +120,10 @@ def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None,
     if strength > 0 and len(pool) > 1:
         # the index of the best pool arm under each draw; a draw taken at random decides,
         # so the share of draws an arm wins is exactly its probability of being chosen
-        wins = np.stack([drawn[a.name] for a in pool], axis=1).argmax(axis=1)
+        drawn = np.concatenate(blocks, axis=1)  # [draws, 1 + Σ γ_max]
+        wins = drawn[:, [column[a.name] for a in pool]].argmax(axis=1)
         i = int(wins[rng.randrange(len(wins))])
-        chosen, propensity = pool[i], float((wins == i).mean())
+        chosen, propensity = pool[i], np.count_nonzero(wins == i) / len(wins)
     explored = chosen != best
     ctx = (f"{features.category}, T={features.temperature:g}, ~{features.expected_output_tokens} tokens, "
            f"load {features.load}")
