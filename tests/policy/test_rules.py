@@ -57,6 +57,25 @@ default: {}
     assert rule is None and then == rules.default
 
 
+def test_the_decision_path_picks_the_rule_the_explanation_names():
+    rules = parse_rules("""
+rules:
+  - {name: busy, when: {load: {gte: 8}, prompt_length: {lt: 500}}, then: {force: plain}}
+  - {name: tenant-a, when: {tenant: [a], top_p: {lte: 0.9}}, then: {drafts: [ngram]}}
+  - {name: long, when: {expected_length: {gt: 200}}, then: {gamma: {min: 2, max: 4}}}
+default: {}
+""")
+    cases = [RequestFeatures(cat, t, top_p, plen, out, 0.1, running=run, tenant=ten)
+             for cat in ("chat", "code") for t in (0.0, 1.0) for top_p in (0.8, 1.0) for plen in (10, 900)
+             for out in (50, 300) for run in (0, 9) for ten in ("a", "b")]
+    names = set()
+    for f in cases:
+        rule, then, _ = rules.match(f)
+        assert rules.first(f) == (rule, then)
+        names.add(rule.name if rule else None)
+    assert names == {"busy", "tenant-a", "long", None}  # every branch taken
+
+
 def test_shipped_default_rules_are_valid():
     rules = load_rules(REPO / "policy" / "default_rules.yaml")
     assert rules.rules and rules.digest
