@@ -6,7 +6,10 @@ Shows where speculation stops paying with a fixed γ (at low load a step is
 bound by reading the weights and verifying a few extra tokens is nearly free;
 at high load the batch already saturates compute and verification competes for
 it), and what the engine's per-step verification budget makes of the same
-drafts: modes are `plain`, `DRAFT:G` (adaptive up to G) and `DRAFT:G/fixed`.
+drafts: modes are `plain`, `DRAFT:G` (adaptive up to G) and `DRAFT:G/fixed`;
+`MODE@S` runs a mode with the engine's `max_step_stretch` at S (verification may
+lengthen a shared step by at most that share), so the latency bound is compared
+with the unbounded budget in the same run.
 """
 
 from __future__ import annotations
@@ -49,6 +52,11 @@ def load_prompts(path: Path, engine: BuiltinEngine, max_prompt_tokens: int,
     return out
 
 
+def stretch_of(mode: str, default: float | None) -> float | None:
+    """`ngram:8@0.05`: the mode with the engine's max_step_stretch at 0.05 (its config's without `@`)."""
+    return float(mode.split("@")[1]) if "@" in mode else default
+
+
 def run_level(engine: BuiltinEngine, prompts, arm: str, concurrency: int, per_client: int,
               max_tokens: int, offset: int) -> dict:
     lat, tokens, errors = [], [], []
@@ -59,7 +67,7 @@ def run_level(engine: BuiltinEngine, prompts, arm: str, concurrency: int, per_cl
             msgs = prompts[(offset + c * per_client + j) % len(prompts)]
             t0 = time.perf_counter()
             try:
-                a, fixed = parse_mode(arm)
+                a, fixed = parse_mode(arm.split("@")[0])
                 sp = SamplingParams(max_tokens=max_tokens)
                 res = engine.generate(GenerationRequest(request_id=f"{c}-{j}", messages=msgs, arm=a, fixed_gamma=fixed,
                                                         sampling=sp))
@@ -70,6 +78,7 @@ def run_level(engine: BuiltinEngine, prompts, arm: str, concurrency: int, per_cl
                 lat.append(time.perf_counter() - t0)
                 tokens.append(res.stats.output_tokens)
 
+    engine.set_max_step_stretch(stretch_of(arm, engine.config.max_step_stretch))
     t0 = time.perf_counter()
     threads = [threading.Thread(target=client, args=(c,)) for c in range(concurrency)]
     for t in threads:
@@ -190,7 +199,8 @@ def add_arguments(p) -> None:
 
     p.add_argument("--data", default=str(default_data_path()), help="Spec-Bench JSONL (default: %(default)s)")
     p.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS),
-                   help="modes: plain, DRAFT:G (adaptive) or DRAFT:G/fixed; the first is the baseline")
+                   help="modes: plain, DRAFT:G (adaptive) or DRAFT:G/fixed, each optionally @S (max_step_stretch S); "
+                        "the first is the baseline")
     p.add_argument("--config", help="engine config YAML (default: built-in SmolLM2 config)")
     p.add_argument("--levels", nargs="+", type=int, default=list(DEFAULT_LEVELS), help="concurrency levels")
     p.add_argument("--requests-per-level", type=int, default=4, help="requests per level at least (default: 4)")

@@ -222,23 +222,29 @@ class Calibration:
             t[0][b] += 1.0 if i < accepted else 0.0
 
 
-def admit(survivals: list[list[float]], base_tokens: int, emitted: int, cost: StepCost, rows: int) -> list[int]:
+def admit(survivals: list[list[float]], base_tokens: int, emitted: int, cost: StepCost, rows: int,
+          max_stretch: float | None = None) -> list[int]:
     """How many drafted tokens to verify for each row.
 
     survivals[r][j]: expected tokens added by verifying row r's j+1-th draft
     (non-increasing in j). base_tokens: tokens the forward feeds anyway (one per
     decoding row, prefill chunks); emitted: tokens the step emits anyway (one per
-    decoding row). Greedy on survival while it beats the batch's rate."""
+    decoding row). Greedy on survival while it beats the batch's rate, and, with
+    `max_stretch`, while the step stays within (1 + max_stretch) of its time
+    without verification when it is shared by several rows."""
     if base_tokens == 1 and len(survivals) == 1:
         return [_best_prefix(survivals[0], emitted, cost, rows)]
     slots = sorted(((s, r, j) for r, ss in enumerate(survivals) for j, s in enumerate(ss)), reverse=True)
     take = [0] * len(survivals)
     tokens, gain = base_tokens, float(emitted)
+    longest = cost.step(base_tokens, rows) * (1.0 + max_stretch) if max_stretch is not None and rows > 1 else None
     for s, r, j in slots:
         if j != take[r]:  # a row's drafts are verified as a prefix
             continue
         seconds = cost.step(tokens, rows)
         added = cost.step(tokens + 1, rows) - seconds
+        if longest is not None and seconds + added > longest:
+            break
         if s * seconds <= added * max(gain, 1e-9):  # s / added <= gain / seconds: it would lower the rate
             break
         take[r] += 1

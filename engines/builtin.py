@@ -168,7 +168,7 @@ class BuiltinEngine:
         self.profile = profile
         self._sched = Scheduler(self.model, self.tokenizer, self.eos_ids, drafts, config.gamma_max,
                                 config.kv_budget_tokens, config.max_batch, config.prefill_chunk, cost,
-                                adaptive=config.adaptive)
+                                adaptive=config.adaptive, max_stretch=config.max_step_stretch)
         self._load = LoadSnapshot(kv_limit_tokens=config.kv_budget_tokens)
         self._closed = False
         self._worker: threading.Thread | None = None
@@ -212,6 +212,13 @@ class BuiltinEngine:
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer(text)["input_ids"])
+
+    def set_max_step_stretch(self, value: float | None) -> None:
+        """Retune `max_step_stretch` while serving (read by the next step; a float
+        assignment is atomic across threads)."""
+        if value is not None and value < 0:
+            raise ValueError(f"max_step_stretch must be >= 0 or None, got {value}")
+        self._sched.max_stretch = value
 
     def submit(self, request: GenerationRequest) -> BuiltinHandle:
         if self._closed:

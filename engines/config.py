@@ -116,6 +116,11 @@ class EngineConfig(_Strict):
     """Adapt speculation inside the engine: per round, draft only what is likely to be accepted; per
     step, verify only the draft tokens whose expected gain beats their cost at the batch's load
     (engines/budget.py). False: every row verifies its full γ every round."""
+    max_step_stretch: float | None = Field(None, ge=0)
+    """How much verification may lengthen a step shared by several rows, as a share of the step
+    without it (0.05: 5%). Every row in the step waits for its verification, so this bounds what
+    speculation costs the rows that do not gain from it: the tail latency under load. None: no
+    bound, the budget maximises the batch's tokens per second. A lone row is never bounded."""
     gamma_min: int = Field(1, ge=1)
     """Smallest speculation length a request may ask for."""
     gamma_max: int = Field(8, ge=1, le=32)

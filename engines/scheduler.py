@@ -85,12 +85,13 @@ class Plan:
 class Scheduler:
     def __init__(self, model: LlamaModel, tokenizer, eos_ids: frozenset[int], drafts: dict, gamma_max: int,
                  kv_budget_tokens: int, max_batch: int, prefill_chunk: int, cost: budget.StepCost | None = None,
-                 adaptive: bool = True):
+                 adaptive: bool = True, max_stretch: float | None = None):
         self.model, self.tokenizer, self.eos_ids = model, tokenizer, eos_ids
         self.drafts, self.gamma_max = drafts, gamma_max
         self.kv_budget, self.max_batch, self.prefill_chunk = kv_budget_tokens, max_batch, prefill_chunk
         self.cost = cost or budget.StepCost()
         self.adaptive = adaptive  # False: verify every drafted token (fixed γ, the pre-budget behaviour)
+        self.max_stretch = max_stretch  # bound on verification's share of a shared step (None: none)
         self.calibration = budget.Calibration()
         self.waiting: deque = deque()  # handles, FIFO
         self.running: list[Running] = []
@@ -199,7 +200,7 @@ class Scheduler:
             emitted += sum(self._survival(p))
         if adapt:
             takes = budget.admit([self._survival(p) for p in adapt], base_tokens, round(emitted), self.cost,
-                                 len(plans))
+                                 len(plans), self.max_stretch)
             for p, k in zip(adapt, takes):
                 if k > 0:
                     p.kind, p.take, p.proposal = "verify", k, p.proposal.truncate(k)

@@ -27,3 +27,11 @@ def test_one_repeat_has_a_point_and_no_interval():
     point, low, high = s["eagle:6"]["ratio"]
     assert point == 1.2 and math.isnan(low) and math.isnan(high)
     assert s["eagle:6"]["p99_s"] == 3.0
+
+
+def test_a_mode_names_its_step_stretch_or_keeps_the_configured_one():
+    from bench.load import stretch_of
+
+    assert stretch_of("ngram:8@0.05", None) == 0.05
+    assert stretch_of("eagle:6", 0.2) == 0.2
+    assert stretch_of("plain", None) is None

@@ -47,6 +47,34 @@ def test_admission_goes_by_survival_and_keeps_each_rows_drafts_a_prefix():
                         rows=3) == [2, 1, 1]
 
 
+def test_a_bound_on_the_stretch_of_a_shared_step_caps_verification_but_never_a_lone_row():
+    rows = [[0.9, 0.85, 0.2], [0.8, 0.1], [0.95]]
+    assert budget.admit(rows, base_tokens=3, emitted=3, cost=COST, rows=3, max_stretch=None) == [2, 1, 1]
+    # the step without verification: a + 3b + 3c = 49.8 ms; 10% more admits one token of 2.6 ms, 5% none
+    assert budget.admit(rows, base_tokens=3, emitted=3, cost=COST, rows=3, max_stretch=0.10) == [0, 0, 1]
+    assert budget.admit(rows, base_tokens=3, emitted=3, cost=COST, rows=3, max_stretch=0.05) == [0, 0, 0]
+    lone = [budget.survival(torch.tensor([0.6, 0.6, 0.6, 0.6]))]
+    assert budget.admit(lone, base_tokens=1, emitted=1, cost=COST, rows=1, max_stretch=0.0) == [4]  # harms nobody
+
+
+def test_with_no_stretch_allowed_rows_sharing_every_step_verify_nothing_and_match_plain():
+    target = tiny_loaded(scale=4.0)
+    cheap = budget.StepCost(a=0.05, b=0.0001, c=0.0)  # verification nearly free: unbounded, it verifies
+    prompts = [[5, 6, 7, 5, 6, 7, 5], [9, 3, 9, 3, 9, 3], [20, 21, 20, 21, 20]]
+    sp = dict(max_tokens=12, ignore_eos=True)  # the rows share every step to the end
+
+    def serve(arm, stretch):
+        engine = engine_over(target.model, WORDS, max_context=64, gamma_max=4, cost=cheap,
+                             max_step_stretch=stretch, ngram=lambda cap: NgramProposer(1, 3))
+        return run_together(engine, [token_request(i, p, arm, **sp) for i, p in enumerate(prompts)])
+
+    plain, free, bound = serve("plain", None), serve("ngram:4", None), serve("ngram:4", 0.0)
+    assert [r.token_ids for r in bound] == [r.token_ids for r in plain] == [r.token_ids for r in free]
+    assert sum(r.stats.drafted for r in bound) > 0
+    assert sum(sum(r.stats.verified_per_round) for r in bound) == 0
+    assert sum(sum(r.stats.verified_per_round) for r in free) > 0
+
+
 def test_a_lone_row_pays_the_jump_beyond_one_token_so_judges_its_prefix_whole():
     jump = budget.StepCost(a=COST.a, b=COST.b, c=COST.c, d=0.0064)
     weak = [budget.survival(torch.tensor([0.15]))]
