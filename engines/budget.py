@@ -30,7 +30,9 @@ target's.
 Drafting is priced the same way: a model draft starts only if some prefix,
 at the row's recent acceptance, pays for its verification and its measured
 drafting seconds, and keeps drafting while its next token's survival beats
-(b + its drafting seconds per token) · rate.
+(b + its drafting seconds per token) · rate. Under a bound on how much a
+shared step may stretch, a row drafts no more than the bound leaves room to
+verify: a draft nobody may verify is drafting paid for nothing.
 """
 
 from __future__ import annotations
@@ -283,6 +285,22 @@ def threshold(cost: StepCost, tokens: int, rows: int, emitted: int, drafting_s: 
         return 0.0
     added = max(cost.step(tokens + 2, rows) - cost.step(tokens + 1, rows), 0.0)
     return min(1.0, (added + drafting_s) * emitted / max(cost.step(tokens, rows), 1e-9))
+
+
+def stretch_room(cost: StepCost, tokens: int, rows: int, max_stretch: float | None, drafting_s: float = 0.0,
+                 limit: int = 64) -> int:
+    """Draft tokens that the stretch bound leaves room to draft and verify in a
+    step of this size (at most `limit`): what one row may draft at all, since
+    no row gets more than the whole step's room. Unbounded (`limit`) without a
+    bound or for a lone row. A model draft's drafting lengthens the step too,
+    so its seconds per token count against the room."""
+    if max_stretch is None or rows <= 1:
+        return limit
+    longest = cost.step(tokens, rows) * (1.0 + max_stretch)
+    n = 0
+    while n < limit and cost.step(tokens + n + 1, rows) + (n + 1) * drafting_s <= longest:
+        n += 1
+    return n
 
 
 def worth_drafting(acceptance: float, k: int, cost: StepCost, tokens: int, rows: int, emitted: int,

@@ -276,6 +276,9 @@ class Scheduler:
             if not r.fixed:
                 # the least survival worth drafting and verifying at the last step's load
                 drafting = self.drafting_s.get(r.draft, 0.0)
+                k = budget.stretch_room(self.cost, *self._load[:2], self.max_stretch, drafting, k)
+                if k <= 0:
+                    continue  # the stretch bound leaves no room to verify anything: a plain round
                 least = budget.threshold(self.cost, *self._load, drafting)
                 if r.proposer.drafting_costs and not budget.worth_drafting(r.acceptance.value, k, self.cost,
                                                                            *self._load, drafting):

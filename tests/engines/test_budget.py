@@ -57,6 +57,16 @@ def test_a_bound_on_the_stretch_of_a_shared_step_caps_verification_but_never_a_l
     assert budget.admit(lone, base_tokens=1, emitted=1, cost=COST, rows=1, max_stretch=0.0) == [4]  # harms nobody
 
 
+def test_under_a_stretch_bound_a_row_drafts_no_more_than_the_step_has_room_to_verify():
+    # 3 rows sharing a 49.8 ms step; each verified token adds 2.6 ms, a model draft's drafting 1 ms more
+    assert budget.stretch_room(COST, 3, 3, 0.10, limit=8) == 1
+    assert budget.stretch_room(COST, 3, 3, 0.20, limit=8) == 3  # 9.96 ms of room: three tokens, not four
+    assert budget.stretch_room(COST, 3, 3, 0.20, drafting_s=0.001, limit=8) == 2  # drafting stretches it too
+    assert budget.stretch_room(COST, 3, 3, 0.0, limit=8) == 0
+    assert budget.stretch_room(COST, 3, 3, None, limit=8) == 8  # no bound
+    assert budget.stretch_room(COST, 1, 1, 0.0, limit=8) == 8  # a lone row harms nobody
+
+
 def test_with_no_stretch_allowed_rows_sharing_every_step_verify_nothing_and_match_plain():
     target = tiny_loaded(scale=4.0)
     cheap = budget.StepCost(a=0.05, b=0.0001, c=0.0)  # verification nearly free: unbounded, it verifies
@@ -70,8 +80,9 @@ def test_with_no_stretch_allowed_rows_sharing_every_step_verify_nothing_and_matc
 
     plain, free, bound = serve("plain", None), serve("ngram:4", None), serve("ngram:4", 0.0)
     assert [r.token_ids for r in bound] == [r.token_ids for r in plain] == [r.token_ids for r in free]
-    assert sum(r.stats.drafted for r in bound) > 0
+    assert sum(r.stats.drafted for r in bound) == 0  # nothing drafted that nobody may verify
     assert sum(sum(r.stats.verified_per_round) for r in bound) == 0
+    assert sum(r.stats.drafted for r in free) > 0
     assert sum(sum(r.stats.verified_per_round) for r in free) > 0
 
 

@@ -1,13 +1,24 @@
 """The per-request text signals: what they measure, on texts where the answer is known."""
 
-from policy.features import SAMPLE_CHARS, copy_signal, text_signals
+import re
+
+from policy.features import _CODE, SAMPLE_CHARS, copy_signal, text_signals
 
 
 def test_the_share_of_letters_outside_ascii_counts_letters_only():
-    text = "Привет, мир! hello 123 ¿qué?"
-    letters = [c for c in text if c.isalpha()]
-    assert text_signals(text)[2] == round(sum(not c.isascii() for c in letters) / len(letters), 4)
+    for text in ("Привет, мир! hello 123 ¿qué?", "£1.2 million — “quoted” ½ ✓ naïve", "日本語 and English"):
+        letters = [c for c in text if c.isalpha()]
+        assert text_signals(text)[2] == round(sum(not c.isascii() for c in letters) / len(letters), 4)
     assert text_signals("plain ascii, 42 digits; no letters beyond")[2] == 0.0
+    assert text_signals("— ½ ✓ 123")[2] == 0.0  # symbols outside ASCII, no letters at all
+
+
+def test_the_code_signal_counts_exactly_the_documented_markers():
+    # the plain alternation the fast pattern must agree with, match for match
+    reference = re.compile(r"[{};]|==|=>|->|```|\bdef |\bclass |\breturn\b|\bimport |\bfunction\b|\bprint\(")
+    for text in ("a==>b === -> ```x`` def f(): return 1; import os; function(){print(x)} classy class returned",
+                 "redefine the returnee's print-out; undef x", "if (a => b) { c -> d; }" * 3):
+        assert _CODE.findall(text) == reference.findall(text)
 
 
 def test_code_and_repetition_are_seen_where_they_are():
