@@ -26,11 +26,22 @@ def default_data_path() -> Path:
 
 @functools.cache
 def cpu_model() -> str:
-    """lscpu's model name (with the core count), for every benchmark's output."""
+    """lscpu's model name with its family/model numbers and widest vector ISA, and
+    the core count, for every benchmark's output: machines that lscpu names alike
+    ("AMD EPYC") have differed 3x in step time."""
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=5).stdout
-        fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
-        name = fields.get("Model name", "").strip() or platform.processor() or "unknown CPU"
-        return f"{name}, {fields.get('CPU(s)', '?').strip()} CPUs"
+        return describe_cpu(dict(line.split(":", 1) for line in out.splitlines() if ":" in line))
     except (OSError, subprocess.SubprocessError, ValueError):
         return platform.processor() or "unknown CPU"
+
+
+def describe_cpu(fields: dict[str, str]) -> str:
+    """`AMD EPYC (family 26 model 2, AVX-512), 2 CPUs` from lscpu's fields."""
+    f = {k.strip(): v.strip() for k, v in fields.items()}
+    name = f.get("Model name") or platform.processor() or "unknown CPU"
+    flags = set(f.get("Flags", "").split())
+    isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else None
+    detail = ", ".join(x for x in (f"family {f['CPU family']} model {f['Model']}" if f.get("CPU family") and
+                                   f.get("Model") else None, isa) if x)
+    return f"{name}{f' ({detail})' if detail else ''}, {f.get('CPU(s)', '?')} CPUs"
