@@ -131,9 +131,9 @@ def test_learned_costs_are_never_negative():
 def test_a_candidate_is_promoted_only_when_shown_better():
     from policy.train import judge
 
-    rows = simulate(3000, seed=8)
+    rows = simulate(5000, seed=8)
     candidate, decision = judge(rows, prior_model(), ARMS)
-    assert decision["promoted"] and decision["lower_bound"] > 0 and decision["evaluated_rows"] == 900
+    assert decision["promoted"] and decision["lower_bound"] > 0 and decision["evaluated_rows"] == 1500
     assert decision["agreement"] < 1 and decision["fit_drafts"]
     assert candidate.metrics["judgement"] == decision
     # against itself (a live model as good as the candidate), nothing is shown better
