@@ -3,7 +3,7 @@ features, rules, model and rng state give the same decision.
 
 Rules bound the choice (or force it); the model predicts every allowed arm's
 speedup; Thompson sampling over the arms predicted within EXPLORE_FLOOR of the
-best explores where the model is unsure (its posterior narrows with evidence,
+best (and, under load, not below plain) explores where the model is unsure (its posterior narrows with evidence,
 so exploration anneals by itself); the propensity of the chosen arm is logged
 for offline evaluation."""
 
@@ -112,9 +112,12 @@ def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None,
     best = candidates[max(range(len(candidates)), key=lambda i: (speed[candidates[i].name], -i))]
 
     # Thompson sampling among the safe arms: those predicted within EXPLORE_FLOOR of
-    # the best. A wild arm costs more than its own request: under load one slow
+    # the best, and, when other requests share the engine's steps, none predicted
+    # below plain: a slow arm costs more than its own request there, since one slow
     # model-drafted sequence holds back every sequence batched with it.
     floor = EXPLORE_FLOOR * speed[best.name]
+    if features.load > 1:
+        floor = max(floor, 1.0)
     pool = [a for a in candidates if speed[a.name] >= floor]
     chosen, propensity = best, 1.0
     if strength > 0 and len(pool) > 1:

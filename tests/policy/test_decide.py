@@ -121,6 +121,25 @@ def test_exploration_stays_near_the_best_prediction():
         assert d.predicted_speedup[d.arm.name] >= EXPLORE_FLOOR * max(d.predicted_speedup.values())
 
 
+def test_under_load_exploration_never_tries_an_arm_predicted_below_plain():
+    """Alone, an arm predicted a little below plain may be tried (it costs only
+    its own request); sharing steps with others, it is not."""
+    from policy.model import N_FEATURES, DraftModel, PolicyModel
+
+    w = [0.0] * N_FEATURES
+    w[-1] = -1.5  # α ≈ 0.18 everywhere; the per-request overhead puts every γ a little below plain
+    model = PolicyModel("t", {"ngram": DraftModel(w, None, [0.0, 0.06, 0.005], overhead_steps=30.0)}, explore=1.0)
+    rules = parse_rules("default: {drafts: [ngram], explore: 1.0}")
+    base = dict(category="chat", temperature=0.0, top_p=1.0, prompt_tokens=200, expected_output_tokens=200,
+                copy_signal=0.1)
+    below = {1: 0, 8: 0}
+    for seed in range(300):
+        for running in below:
+            d = decide(RequestFeatures(running=running, **base), rules, model, random.Random(seed), ARMS)
+            below[running] += d.predicted_speedup[d.arm.name] < 1.0
+    assert below[1] > 0 and below[8] == 0, below
+
+
 def test_force_of_an_arm_no_engine_serves_falls_back_to_plain():
     rules = parse_rules("default: {force: 'eagle:3'}")
     d = decide(RequestFeatures("chat", 0, 1, 10, 100, 0.1), rules, None, random.Random(0), ARMS)
