@@ -3,9 +3,9 @@ features, rules, model and rng state give the same decision.
 
 Rules bound the choice (or force it); the model predicts every allowed arm's
 speedup; Thompson sampling over the arms predicted within EXPLORE_FLOOR of the
-best (and, under load, not below plain) explores where the model is unsure (its posterior narrows with evidence,
-so exploration anneals by itself); the propensity of the chosen arm is logged
-for offline evaluation."""
+best (and, under load, not below plain) explores where the model is unsure (its
+posterior narrows with evidence, so exploration anneals by itself); the
+propensity of the chosen arm is logged for offline evaluation."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None,
     # below plain: a slow arm costs more than its own request there, since one slow
     # model-drafted sequence holds back every sequence batched with it.
     floor = EXPLORE_FLOOR * speed[best.name]
-    if features.load > 1:
+    if features.load >= 1:  # the load seen at decision time: requests other than this one
         floor = max(floor, 1.0)
     pool = [a for a in candidates if speed[a.name] >= floor]
     chosen, propensity = best, 1.0
