@@ -42,6 +42,11 @@ def describe_cpu(fields: dict[str, str]) -> str:
     name = f.get("Model name") or platform.processor() or "unknown CPU"
     flags = set(f.get("Flags", "").split())
     isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else None
-    detail = ", ".join(x for x in (f"family {f['CPU family']} model {f['Model']}" if f.get("CPU family") and
-                                   f.get("Model") else None, isa) if x)
-    return f"{name}{f' ({detail})' if detail else ''}, {f.get('CPU(s)', '?')} CPUs"
+    detail = []
+    if f.get("CPU family") and f.get("Model"):
+        detail.append(f"family {f['CPU family']} model {f['Model']}")
+    if isa:
+        detail.append(isa)
+    if detail:
+        name += " (" + ", ".join(detail) + ")"
+    return f"{name}, {f.get('CPU(s)', '?')} CPUs"

@@ -10,7 +10,7 @@ when a temperature-0 request came out differently under two modes.
 
 With the defaults (39 Spec-Bench dev prompts, plain and each draft with the
 engine's adaptive γ as fixed configurations, adaptive, 200 learning requests,
-concurrency 1 and 16) it takes about an hour on 2 CPU cores; every ratio comes
+concurrency 1 and 16) it takes 30-60 minutes on 2 CPU cores, by machine; every ratio comes
 with a 95% interval (more --repeats narrow the ones above concurrency 1);
 `--learning-curve 0 --per-category 1 --max-tokens 64` is a quick look.
 """
