@@ -11,7 +11,6 @@ scheduler keeps refitting it from every step it runs.
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -29,7 +28,7 @@ LONE_TOKENS = 9  # a lone row verifying up to 8 drafts (gamma_max's default)
 class Profile:
     threads: int
     packed: bool
-    step_s: dict[str, float] = field(default_factory=dict)  # "<threads>t/<layout>" -> median decode step
+    step_s: dict[str, float] = field(default_factory=dict)  # "<threads>t/<layout>" -> fastest decode step
     cost: StepCost = field(default_factory=StepCost)
 
     def describe(self) -> str:
@@ -40,7 +39,7 @@ class Profile:
                 f"fed: {' '.join(f'{t}:{s * 1e3:.1f}' for t, s in sorted(self.cost.lone.items()))} ms")
 
 
-def _median_step(model: LlamaModel, tokens: int = 1, rows: int = 1, context: int = 64, repeats: int = 7) -> float:
+def _fastest_step(model: LlamaModel, tokens: int = 1, rows: int = 1, context: int = 64, repeats: int = 7) -> float:
     caches = [model.new_cache(context + tokens + 1) for _ in range(rows)]
     vocab = min(1000, model.cfg.vocab_size)  # any valid ids: timing does not depend on which
     for c in caches:
@@ -53,7 +52,9 @@ def _median_step(model: LlamaModel, tokens: int = 1, rows: int = 1, context: int
         t0 = time.perf_counter()
         model.forward_many(items)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times[1:])  # the first pays for lazy initialisation
+    # the fastest, not the median: noise from anything sharing the cores only adds time, and a
+    # burst of it during a few repeats must not rank a 9-token forward below a 1-token one
+    return min(times[1:])  # the first pays for lazy initialisation
 
 
 def fit_cost(model: LlamaModel) -> StepCost:
@@ -62,14 +63,14 @@ def fit_cost(model: LlamaModel) -> StepCost:
     a + b·tokens + c·rows + d·[tokens > 1]."""
     import numpy as np
 
-    lone = {t: _median_step(model, t, 1, repeats=5) for t in range(1, LONE_TOKENS + 1)}
+    lone = {t: _fastest_step(model, t, 1, repeats=5) for t in range(1, LONE_TOKENS + 1)}
     shapes = [(2, 2), (4, 4), (8, 8), (16, 16), (12, 4)]
     x = [[1.0, t, 1, float(t > 1)] for t in lone]
     y = list(lone.values())
     for per_row, rows in [(t // r, r) for t, r in shapes]:
         tokens = per_row * rows
         x.append([1.0, tokens, rows, float(tokens > 1)])
-        y.append(_median_step(model, per_row, rows, repeats=3))
+        y.append(_fastest_step(model, per_row, rows, repeats=3))
     coef, *_ = np.linalg.lstsq(np.array(x), np.array(y), rcond=None)
     a, b, c, d = (float(v) for v in coef)
     return StepCost(max(a, 1e-4), max(b, 1e-5), max(c, 0.0), max(d, 0.0), lone=lone)
@@ -88,7 +89,7 @@ def choose_layout(model: LlamaModel, weights: list[LlamaWeights], pack: bool | s
             (pack_for_cpu if layout else unpack_for_cpu)(w)
         for n in thread_options:
             torch.set_num_threads(n)
-            timings[(n, layout)] = _median_step(model)
+            timings[(n, layout)] = _fastest_step(model)
     best_threads, best_layout = min(timings, key=timings.get)
     for w in weights:
         (pack_for_cpu if best_layout else unpack_for_cpu)(w)
