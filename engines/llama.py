@@ -253,6 +253,7 @@ class LlamaModel:
         cfg = self.cfg
         H, Hk, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         G = H // Hk
+        manual = self.device.type == "cpu"  # see attend(): SDPA's dispatch outweighs decode-sized attention there
         spans, coss, sins = [], [], []
         for ids, cache, _ in items:
             T = ids.shape[0]
@@ -264,7 +265,7 @@ class LlamaModel:
             coss.append(cos)
             sins.append(sin)
             mask = None
-            if T > 1 and not (start == 0 and T >= FLASH_MIN_TOKENS):
+            if T > 1 and not manual and not (start == 0 and T >= FLASH_MIN_TOKENS):
                 # query t (absolute start+t) sees keys 0..start+t; queries are laid out
                 # [Hk, G*T] so the mask repeats per group.
                 mask = torch.ones(T, end, dtype=torch.bool, device=self.device).tril(diagonal=start).repeat(G, 1)
@@ -307,7 +308,10 @@ class LlamaModel:
                 else:
                     # GQA without copying keys: group g of query heads shares kv head g.
                     qg = q[off:off + T].view(T, Hk, G, D).permute(1, 2, 0, 3).reshape(Hk, G * T, D)  # [Hk, G T, D]
-                    a = F.scaled_dot_product_attention(qg, k_cache[:, :end], v_cache[:, :end], attn_mask=mask)
+                    if manual:
+                        a = attend(qg, k_cache[:, :end], v_cache[:, :end], T)
+                    else:
+                        a = F.scaled_dot_product_attention(qg, k_cache[:, :end], v_cache[:, :end], attn_mask=mask)
                     outs.append(a.view(Hk, G, T, D).permute(2, 0, 1, 3).reshape(T, H * D))
                 off += T
             attn = outs[0] if one else torch.cat(outs)  # [N, H D]
@@ -334,6 +338,24 @@ class LlamaModel:
             return logits
         states = x if not capture else torch.cat([captured[i] for i in capture], dim=-1)
         return logits, list(states.split([t for t, *_ in spans]))
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, T: int) -> torch.Tensor:
+    """Causal attention of the last T positions over a cache, as three plain ops.
+
+    q [Hk, G·T, D] (query t of group g at row g·T + t), k and v [Hk, S, D] with
+    the T new positions last -> [Hk, G·T, D]. On CPU this is 1.3-2.4x faster
+    than F.scaled_dot_product_attention at every decode, verification and
+    prefill-chunk shape measured (SmolLM2's 3x3 heads: 27 against 65 us per row
+    and layer for one token over 300 positions), because SDPA's dispatch costs
+    more than the attention; and only the T x T corner needs a mask."""
+    s = torch.bmm(q, k.transpose(1, 2)).mul_(q.shape[-1] ** -0.5)  # [Hk, G T, S]
+    if T > 1:
+        Hk, S = k.shape[0], k.shape[1]
+        future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)  # query t must not see t' > t
+        s.view(Hk, -1, T, S)[..., S - T:].masked_fill_(future, float("-inf"))
+    p = s.softmax(-1) if s.dtype == torch.float32 else s.float().softmax(-1).to(v.dtype)  # half: softmax in float
+    return torch.bmm(p, v)
 
 
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
