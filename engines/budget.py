@@ -20,8 +20,9 @@ a + b·tokens + c·rows (+ d once it feeds more than one token) seconds, and a
 lone row what was measured for its token count (the step-cost model, profiled
 at start-up and refitted from every step). Verifying
 one more draft token adds b seconds and its survival in expected tokens; slots
-are admitted in order of survival while that beats the batch's current rate
-(tokens emitted per second): survival > b · emitted / seconds. A lone decoding
+are admitted in order of survival while that beats the batch's decoding rate
+(tokens emitted per second of a step without prefill chunks: what an accepted
+token saves is its row's share of a decode step): survival > b · emitted / seconds. A lone decoding
 row also pays d for its first verified token, so its prefixes are judged whole.
 Alone, plausible drafts are verified; in a saturated batch only near-certain
 ones are. Verifying fewer drafts is only a smaller k: output stays exactly the
@@ -225,29 +226,38 @@ class Calibration:
 
 
 def admit(survivals: list[list[float]], base_tokens: int, emitted: int, cost: StepCost, rows: int,
-          max_stretch: float | None = None) -> list[int]:
+          max_stretch: float | None = None, prefill: int = 0) -> list[int]:
     """How many drafted tokens to verify for each row.
 
     survivals[r][j]: expected tokens added by verifying row r's j+1-th draft
-    (non-increasing in j). base_tokens: tokens the forward feeds anyway (one per
-    decoding row, prefill chunks); emitted: tokens the step emits anyway (one per
-    decoding row). Greedy on survival while it beats the batch's rate, and, with
-    `max_stretch`, while the step stays within (1 + max_stretch) of its time
-    without verification when it is shared by several rows."""
-    if base_tokens == 1 and len(survivals) == 1:
+    (non-increasing in j). base_tokens: tokens the decoding rows feed anyway
+    (one each, and drafts verified whole); prefill: prefill chunks' tokens in
+    the same forward; emitted: tokens the step emits anyway (one per decoding
+    row). Greedy on survival while it beats the batch's decoding rate, and,
+    with `max_stretch`, while the step stays within (1 + max_stretch) of its
+    time without verification when it is shared by several rows.
+
+    A slot costs what it adds to the whole forward, prefill included; the rate
+    it must beat is the decoding rows' alone, emitted over a step without the
+    prefill: an accepted token saves its row a decode step's share, not a share
+    of a long prefill step (priced that way, drafts looked nearly free in every
+    step that prefilled a newcomer)."""
+    if base_tokens == 1 and len(survivals) == 1 and not prefill:
         return [_best_prefix(survivals[0], emitted, cost, rows)]
     slots = sorted(((s, r, j) for r, ss in enumerate(survivals) for j, s in enumerate(ss)), reverse=True)
     take = [0] * len(survivals)
     tokens, gain = base_tokens, float(emitted)
-    longest = cost.step(base_tokens, rows) * (1.0 + max_stretch) if max_stretch is not None and rows > 1 else None
+    full = base_tokens + prefill
+    longest = cost.step(full, rows) * (1.0 + max_stretch) if max_stretch is not None and rows > 1 else None
     for s, r, j in slots:
         if j != take[r]:  # a row's drafts are verified as a prefix
             continue
-        seconds = cost.step(tokens, rows)
-        added = cost.step(tokens + 1, rows) - seconds
+        seconds = cost.step(tokens + prefill, rows)
+        added = cost.step(tokens + prefill + 1, rows) - seconds
         if longest is not None and seconds + added > longest:
             break
-        if s * seconds <= added * max(gain, 1e-9):  # s / added <= gain / seconds: it would lower the rate
+        rate_s = cost.step(tokens, rows) if prefill else seconds  # the decoding rows' step
+        if s * rate_s <= added * max(gain, 1e-9):  # s / added <= gain / seconds: it would lower the rate
             break
         take[r] += 1
         tokens += 1

@@ -98,7 +98,7 @@ class Scheduler:
         self.kv_used = 0
         self.last_step_tokens = 0
         self.step_s = 0.0
-        self._load = (0, 0, 0)  # the last step's (tokens, rows, emitted): what drafting aims at
+        self._load = (0, 0, 0)  # this step's decoding (tokens, rows, emitted) before drafts: what drafting aims at
         self.drafting_s: dict[str, float] = {}  # per draft: measured seconds per drafted token
 
     # admission
@@ -146,6 +146,10 @@ class Scheduler:
                 r.finish = "cancelled"
         self._retire()
         decoding = [r for r in self.running if r.prefilled == r.prompt_len and r.finish is None]
+        # drafting is judged against the step about to run, as a decode step: a prefill chunk in
+        # it (or in the last one) makes every draft look cheap against a long, low-yield step,
+        # while what an accepted token saves is a row's share of a decode step
+        self._load = (len(decoding), sum(r.finish is None for r in self.running), len(decoding))
         proposals = self._propose(decoding)
         t1 = time.perf_counter()
         plans = self._plan(proposals)
@@ -173,7 +177,7 @@ class Scheduler:
         """Prefill chunks, then the verification budget over the decoding rows."""
         plans: list[Plan] = []
         prefill_left = self.prefill_chunk
-        base_tokens = 0
+        base_tokens = prefill = 0  # decoding rows' tokens; prefill chunks' tokens
         spec: list[Plan] = []
         for r in self.running:
             if r.finish is not None:
@@ -183,7 +187,7 @@ class Scheduler:
                 if take > 0:  # else its turn comes next step
                     prefill_left -= take
                     plans.append(Plan("prefill", r, take))
-                    base_tokens += take
+                    prefill += take
                 continue
             p = proposals.get(id(r))
             plan = Plan("decode", r, 0, p, 0 if p is None else int(p.token_ids.numel()))
@@ -200,11 +204,10 @@ class Scheduler:
             emitted += sum(self._survival(p))
         if adapt:
             takes = budget.admit([self._survival(p) for p in adapt], base_tokens, round(emitted), self.cost,
-                                 len(plans), self.max_stretch)
+                                 len(plans), self.max_stretch, prefill)
             for p, k in zip(adapt, takes):
                 if k > 0:
                     p.kind, p.take, p.proposal = "verify", k, p.proposal.truncate(k)
-        self._load = (base_tokens, len(plans), round(emitted))
         return plans
 
     def _survival(self, p: Plan) -> list[float]:

@@ -47,6 +47,17 @@ def test_admission_goes_by_survival_and_keeps_each_rows_drafts_a_prefix():
                         rows=3) == [2, 1, 1]
 
 
+def test_a_prefill_chunk_in_the_step_does_not_make_drafts_look_cheap():
+    # 3 decoding rows and a 400-token chunk for a newcomer: the step is ~1.1 s and emits 3
+    # tokens, so against the step's own rate every slot would pay; what an accepted token
+    # saves is its row's share of a decode step, so the same slots are admitted as without it
+    rows = [[0.9, 0.85, 0.2], [0.8, 0.1], [0.95]]
+    alone = budget.admit(rows, base_tokens=3, emitted=3, cost=COST, rows=4)
+    assert budget.admit(rows, base_tokens=3, emitted=3, cost=COST, rows=4, prefill=400) == alone == [2, 1, 1]
+    # priced against the whole step (the prefill counted as decoding tokens), all six would go
+    assert budget.admit(rows, base_tokens=403, emitted=3, cost=COST, rows=4) == [3, 2, 1]
+
+
 def test_a_bound_on_the_stretch_of_a_shared_step_caps_verification_but_never_a_lone_row():
     rows = [[0.9, 0.85, 0.2], [0.8, 0.1], [0.95]]
     assert budget.admit(rows, base_tokens=3, emitted=3, cost=COST, rows=3, max_stretch=None) == [2, 1, 1]
