@@ -354,7 +354,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, T: int) -> torch.T
         Hk, S = k.shape[0], k.shape[1]
         future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)  # query t must not see t' > t
         s.view(Hk, -1, T, S)[..., S - T:].masked_fill_(future, float("-inf"))
-    p = s.softmax(-1) if s.dtype == torch.float32 else s.float().softmax(-1).to(v.dtype)  # half: softmax in float
+    half = s.dtype in (torch.float16, torch.bfloat16)
+    p = s.float().softmax(-1).to(v.dtype) if half else s.softmax(-1)  # half precision: softmax in float32
     return torch.bmm(p, v)
 
 

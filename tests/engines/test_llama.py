@@ -72,9 +72,21 @@ def test_cpu_attention_matches_masked_sdpa(T, S):
     k, v = torch.randn(Hk, S, D, dtype=torch.float64), torch.randn(Hk, S, D, dtype=torch.float64)
     mask = torch.ones(T, S, dtype=torch.bool).tril(diagonal=S - T).repeat(G, 1)
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    torch.testing.assert_close(attend(q, k, v, T), ref, rtol=1e-6, atol=1e-6)  # SDPA on CPU: ~1e-8 in float64
+    torch.testing.assert_close(attend(q, k, v, T), ref, rtol=1e-12, atol=1e-12)
     # and the masked positions really are masked: a future key changes nothing for the first query
     if T > 1:
         k2 = k.clone()
         k2[:, -1] += 5.0
         torch.testing.assert_close(attend(q, k2, v, T)[:, 0], attend(q, k, v, T)[:, 0])
+
+
+def test_cpu_attention_keeps_float64_and_takes_its_softmax_in_float32_for_bfloat16():
+    from engines.llama import attend
+
+    q, k, v = torch.randn(2, 6, 8, dtype=torch.float64), torch.randn(2, 9, 8, dtype=torch.float64), \
+        torch.randn(2, 9, 8, dtype=torch.float64)
+    exact = attend(q, k, v, 2)
+    assert exact.dtype == torch.float64
+    low = attend(q.bfloat16(), k.bfloat16(), v.bfloat16(), 2)
+    assert low.dtype == torch.bfloat16
+    torch.testing.assert_close(low.double(), exact, rtol=0.05, atol=0.05)
