@@ -22,8 +22,9 @@ at start-up and refitted from every step). Verifying
 one more draft token adds b seconds and its survival in expected tokens; slots
 are admitted in order of survival while that beats the batch's decoding rate
 (tokens emitted per second of a step without prefill chunks: what an accepted
-token saves is its row's share of a decode step): survival > b · emitted / seconds. A lone decoding
-row also pays d for its first verified token, so its prefixes are judged whole.
+token saves is its row's share of a decode step): survival > b · emitted /
+seconds. A lone decoding row also pays d for its first verified token, so its
+prefixes are judged whole.
 Alone, plausible drafts are verified; in a saturated batch only near-certain
 ones are. Verifying fewer drafts is only a smaller k: output stays exactly the
 target's.

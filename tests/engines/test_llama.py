@@ -80,7 +80,7 @@ def test_cpu_attention_matches_masked_sdpa(T, S):
         torch.testing.assert_close(attend(q, k2, v, T)[:, 0], attend(q, k, v, T)[:, 0])
 
 
-def test_cpu_attention_keeps_float64_and_takes_its_softmax_in_float32_for_bfloat16():
+def test_cpu_attention_keeps_its_inputs_dtype_float64_and_bfloat16_alike():
     from engines.llama import attend
 
     q, k, v = torch.randn(2, 6, 8, dtype=torch.float64), torch.randn(2, 9, 8, dtype=torch.float64), \
