@@ -16,15 +16,16 @@ A token's survival is the product of the estimates up to it: the expected number
 of tokens it adds if verified.
 
 Per step, the batch has one budget: the target forward costs about
-a + b·tokens + c·rows (+ d once it feeds more than one token) seconds, and a
-lone row what was measured for its token count (the step-cost model, profiled
-at start-up and refitted from every step). Verifying
-one more draft token adds b seconds and its survival in expected tokens; slots
-are admitted in order of survival while that beats the batch's decoding rate
-(tokens emitted per second of a step without prefill chunks: what an accepted
-token saves is its row's share of a decode step): survival > b · emitted /
-seconds. A lone decoding row also pays d for its first verified token, so its
-prefixes are judged whole.
+a + b·tokens + c·rows + e·(rows feeding more than one token) (+ d once it
+feeds more than one token) seconds, and a lone row what was measured for its
+token count (the step-cost model, profiled at start-up and refitted from every
+step). Verifying one more draft token adds b seconds, a row's first one b + e,
+and its survival in expected tokens; rows are opened with their best prefix
+and extended a draft at a time, in order of expected tokens per added second,
+while that beats the batch's decoding rate (tokens emitted per second of a
+step without prefill chunks: what an accepted token saves is its row's share
+of a decode step): survival > b · emitted / seconds. A lone decoding row's
+prefixes are judged whole against its measured steps.
 Alone, plausible drafts are verified; in a saturated batch only near-certain
 ones are. Verifying fewer drafts is only a smaller k: output stays exactly the
 target's.
@@ -40,9 +41,11 @@ verify: a draft nobody may verify is drafting paid for nothing.
 from __future__ import annotations
 
 import collections
+import heapq
 
 import numpy as np
 import torch
+from scipy.optimize import nnls
 
 LONE_RATE = 0.1  # moving average of a lone row's measured steps
 
@@ -50,10 +53,16 @@ LONE_RATE = 0.1  # moving average of a lone row's measured steps
 class StepCost:
     """Seconds of one target forward.
 
-    Many rows: a + b · tokens + c · rows + d · [tokens > 1], least squares over
-    a sliding window of measured steps. `d` is what leaving the one-token
-    kernels costs: on CPU a forward of a single token runs matrix-vector kernels,
-    and its second token costs several times what each further one does.
+    Many rows: a + b · tokens + c · rows + e · multi + d · [tokens > 1], least
+    squares over a sliding window of measured steps. `multi` counts rows
+    feeding more than one token (verifying drafts, or a prefill chunk): such a
+    row's attention leaves the one-query path and masks its new positions, so
+    its first verified draft costs b + e and every further one b (on the 2-core
+    CPU e was 1.5-1.9 ms against b's 0.8: priced at b alone, a row's first draft
+    looked three times cheaper than it is). `d` is what leaving the one-token
+    kernels costs for the whole forward: on CPU a forward of a single token
+    runs matrix-vector kernels, and its second token costs several times what
+    each further one does.
 
     One row (the case that decides speculation at low load): a table of measured
     seconds per token count (`lone`), from the start-up profile and then every
@@ -62,18 +71,18 @@ class StepCost:
     between one token and three)."""
 
     def __init__(self, a: float = 0.03, b: float = 0.002, c: float = 0.0, d: float = 0.0, window: int = 400,
-                 lone: dict[int, float] | None = None):
-        self.a, self.b, self.c, self.d = a, b, c, d
+                 lone: dict[int, float] | None = None, e: float = 0.0):
+        self.a, self.b, self.c, self.d, self.e = a, b, c, d, e
         self.lone: dict[int, float] = dict(lone or {})  # tokens fed by a lone row -> measured seconds
         self._lone_fit: dict[int, float] | None = None  # its monotone fit, remade when the table moves
         self._obs: collections.deque = collections.deque(maxlen=window)
         self._since_fit = 0
 
-    def seconds(self, tokens: int, rows: int) -> float:
+    def seconds(self, tokens: int, rows: int, multi: int = 0) -> float:
         """The linear model."""
-        return self.a + self.b * tokens + self.c * rows + (self.d if tokens > 1 else 0.0)
+        return self.a + self.b * tokens + self.c * rows + self.e * multi + (self.d if tokens > 1 else 0.0)
 
-    def step(self, tokens: int, rows: int) -> float:
+    def step(self, tokens: int, rows: int, multi: int = 0) -> float:
         """What the budget prices a forward at: measured for one row where known, else the model."""
         if rows == 1 and self.lone:
             if self._lone_fit is None:
@@ -81,14 +90,14 @@ class StepCost:
             if tokens in self._lone_fit:
                 return self._lone_fit[tokens]
             known = max((v for t, v in self._lone_fit.items() if t <= tokens), default=0.0)
-            return max(known, self.seconds(tokens, 1))
-        return self.seconds(tokens, rows)
+            return max(known, self.seconds(tokens, 1, int(tokens > 1)))
+        return self.seconds(tokens, rows, multi)
 
-    def observe(self, tokens: int, rows: int, seconds: float) -> None:
+    def observe(self, tokens: int, rows: int, seconds: float, multi: int = 0) -> None:
         if rows == 1 and tokens in self.lone:
             self.lone[tokens] += (seconds - self.lone[tokens]) * LONE_RATE
             self._lone_fit = None
-        self._obs.append((tokens, rows, seconds))
+        self._obs.append((tokens, rows, multi, seconds))
         self._since_fit += 1
         if self._since_fit >= 50:
             self.refit()
@@ -97,23 +106,26 @@ class StepCost:
         self._since_fit = 0
         if len(self._obs) < 20:
             return
-        x = np.array([[1.0, t, r, float(t > 1)] for t, r, _ in self._obs])
+        x = np.array([[1.0, t, r, m, float(t > 1)] for t, r, m, _ in self._obs])
         y = np.array([s for *_, s in self._obs])
         # a column that does not vary in the window is not observable: its coefficient stays as it is
-        fixed = [j for j in (1, 2, 3) if np.ptp(x[:, j]) == 0]
-        prior = np.array([self.a, self.b, self.c, self.d])
-        free = [j for j in range(4) if j not in fixed]
+        fixed = [j for j in (1, 2, 3, 4) if np.ptp(x[:, j]) == 0]
+        prior = np.array([self.a, self.b, self.c, self.e, self.d])
+        free = [j for j in range(5) if j not in fixed]
         y = y - x[:, fixed] @ prior[fixed]
         x = x[:, free]
         # ridge toward the current fit: a window of similar steps must not swing the slopes
-        # (scaled per column, so that a 0/1 column is held as firmly as a token count)
+        # (scaled per column, so that a 0/1 column is held as firmly as a token count); and no
+        # coefficient below zero: clamping an unconstrained fit afterwards (a negative intercept
+        # raised to zero) leaves the others fitted to a model that no longer holds
         lam = 1e-3 * np.array([0.0 if j == 0 else float(x[:, k] @ x[:, k]) for k, j in enumerate(free)])
-        coef = np.linalg.solve(x.T @ x + np.diag(lam), x.T @ y + lam * prior[free])
+        coef, _ = nnls(np.vstack([x, np.diag(np.sqrt(lam))]), np.concatenate([y, np.sqrt(lam) * prior[free]]))
         new = dict(zip(free, coef))
         self.a = max(float(new.get(0, self.a)), 1e-4)
         self.b = max(float(new.get(1, self.b)), 1e-5)
-        self.c = max(float(new.get(2, self.c)), 0.0)
-        self.d = max(float(new.get(3, self.d)), 0.0)
+        self.c = float(new.get(2, self.c))
+        self.e = float(new.get(3, self.e))
+        self.d = float(new.get(4, self.d))
 
 
 def monotone(table: dict[int, float]) -> dict[int, float]:
@@ -227,16 +239,21 @@ class Calibration:
 
 
 def admit(survivals: list[list[float]], base_tokens: int, emitted: int, cost: StepCost, rows: int,
-          max_stretch: float | None = None, prefill: int = 0) -> list[int]:
+          max_stretch: float | None = None, prefill: int = 0, chunks: int = 0, verifying: int = 0) -> list[int]:
     """How many drafted tokens to verify for each row.
 
     survivals[r][j]: expected tokens added by verifying row r's j+1-th draft
     (non-increasing in j). base_tokens: tokens the decoding rows feed anyway
-    (one each, and drafts verified whole); prefill: prefill chunks' tokens in
-    the same forward; emitted: tokens the step emits anyway (one per decoding
-    row). Greedy on survival while it beats the batch's decoding rate, and,
-    with `max_stretch`, while the step stays within (1 + max_stretch) of its
-    time without verification when it is shared by several rows.
+    (one each, and drafts verified whole by `verifying` rows); prefill: prefill
+    chunks' tokens in the same forward, fed by `chunks` rows; emitted: tokens
+    the step emits anyway (one per decoding row). Greedy on expected tokens per
+    added second while that beats the batch's decoding rate, and, with
+    `max_stretch`, while the step stays within (1 + max_stretch) of its time
+    without verification when it is shared by several rows.
+
+    A row's first verified draft also pays its leaving the one-token path (e),
+    so a row is opened with the prefix that brings the most per second, and
+    extended one draft at a time after that.
 
     A slot costs what it adds to the whole forward, prefill included; the rate
     it must beat is the decoding rows' alone, emitted over a step without the
@@ -245,25 +262,37 @@ def admit(survivals: list[list[float]], base_tokens: int, emitted: int, cost: St
     step that prefilled a newcomer)."""
     if base_tokens == 1 and len(survivals) == 1 and not prefill:
         return [_best_prefix(survivals[0], emitted, cost, rows)]
-    slots = sorted(((s, r, j) for r, ss in enumerate(survivals) for j, s in enumerate(ss)), reverse=True)
-    take = [0] * len(survivals)
-    tokens, gain = base_tokens, float(emitted)
-    full = base_tokens + prefill
-    longest = cost.step(full, rows) * (1.0 + max_stretch) if max_stretch is not None and rows > 1 else None
-    for s, r, j in slots:
-        if j != take[r]:  # a row's drafts are verified as a prefix
-            continue
-        seconds = cost.step(tokens + prefill, rows)
-        added = cost.step(tokens + prefill + 1, rows) - seconds
-        if longest is not None and seconds + added > longest:
+    full, multi = base_tokens + prefill, verifying + chunks
+    seconds = cost.step(full, rows, multi)
+    rate_s = cost.step(base_tokens, rows, verifying) if prefill else seconds  # the decoding rows' step
+    longest = seconds * (1.0 + max_stretch) if max_stretch is not None and rows > 1 else None
+    token_s = max(cost.step(full + 1, rows, multi + 1) - cost.step(full, rows, multi + 1), 1e-9)
+    row_s = max(cost.step(full, rows, multi + 1) - seconds, 0.0)
+    heap = [_opening(ss, r, token_s, row_s) for r, ss in enumerate(survivals) if ss]
+    heapq.heapify(heap)
+    take, gain = [0] * len(survivals), float(emitted)
+    while heap:
+        _, r, k, added, added_s = heapq.heappop(heap)  # the most expected tokens per second left
+        if longest is not None and seconds + added_s > longest:
             break
-        rate_s = cost.step(tokens, rows) if prefill else seconds  # the decoding rows' step
-        if s * rate_s <= added * max(gain, 1e-9):  # s / added <= gain / seconds: it would lower the rate
+        if added * rate_s <= added_s * max(gain, 1e-9):  # added / added_s <= gain / rate_s: it would lower the rate
             break
-        take[r] += 1
-        tokens += 1
-        gain += s
+        take[r], gain, seconds, rate_s = k, gain + added, seconds + added_s, rate_s + added_s
+        if k < len(survivals[r]):
+            s = survivals[r][k]
+            heapq.heappush(heap, (-s / token_s, r, k + 1, s, token_s))
     return take
+
+
+def _opening(survivals: list[float], r: int, token_s: float, row_s: float) -> tuple:
+    """A row's first admission: the prefix with the most expected tokens per added second."""
+    best, total = None, 0.0
+    for k, s in enumerate(survivals, start=1):
+        total += s
+        cost_s = k * token_s + row_s
+        if best is None or total / cost_s > -best[0]:
+            best = (-total / cost_s, r, k, total, cost_s)
+    return best
 
 
 def _best_prefix(survivals: list[float], emitted: int, cost: StepCost, rows: int) -> int:
@@ -294,7 +323,7 @@ def threshold(cost: StepCost, tokens: int, rows: int, emitted: int, drafting_s: 
     bring at least the batch's rate back."""
     if emitted <= 0:
         return 0.0
-    added = max(cost.step(tokens + 2, rows) - cost.step(tokens + 1, rows), 0.0)
+    added = max(cost.step(tokens + 2, rows, 1) - cost.step(tokens + 1, rows, 1), 0.0)
     return min(1.0, (added + drafting_s) * emitted / max(cost.step(tokens, rows), 1e-9))
 
 
@@ -309,7 +338,7 @@ def stretch_room(cost: StepCost, tokens: int, rows: int, max_stretch: float | No
         return limit
     longest = cost.step(tokens, rows) * (1.0 + max_stretch)
     n = 0
-    while n < limit and cost.step(tokens + n + 1, rows) + (n + 1) * drafting_s <= longest:
+    while n < limit and cost.step(tokens + n + 1, rows, 1) + (n + 1) * drafting_s <= longest:
         n += 1
     return n
 
@@ -328,6 +357,6 @@ def worth_drafting(acceptance: float, k: int, cost: StepCost, tokens: int, rows:
     for j in range(1, k + 1):
         p *= min(max(acceptance, 0.0), 1.0)
         gain += p
-        if gain * base > emitted * (cost.step(tokens + j, rows) + j * drafting_s):
+        if gain * base > emitted * (cost.step(tokens + j, rows, 1) + j * drafting_s):
             return True
     return False

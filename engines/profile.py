@@ -35,12 +35,15 @@ class Profile:
         others = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in sorted(self.step_s.items()))
         return (f"{self.threads} threads, {'oneDNN-packed' if self.packed else 'dense'} weights (decode step: "
                 f"{others}); step cost {self.cost.a * 1e3:.1f} ms + {self.cost.b * 1e3:.2f} ms/token + "
+                f"{self.cost.e * 1e3:.2f} ms/row feeding several + "
                 f"{self.cost.c * 1e3:.2f} ms/row + {self.cost.d * 1e3:.1f} ms beyond one token; one row, by tokens "
                 f"fed: {' '.join(f'{t}:{s * 1e3:.1f}' for t, s in sorted(self.cost.lone.items()))} ms")
 
 
-def _fastest_step(model: LlamaModel, tokens: int = 1, rows: int = 1, context: int = 64, repeats: int = 7) -> float:
-    caches = [model.new_cache(context + tokens + 1) for _ in range(rows)]
+def _fastest_step(model: LlamaModel, feeds: list[tuple[int, bool]] = ((1, False),), context: int = 64,
+                  repeats: int = 7) -> float:
+    """The fastest of `repeats` forwards of one row per feed: (tokens, logits for every position)."""
+    caches = [model.new_cache(context + n + 1) for n, _ in feeds]
     vocab = min(1000, model.cfg.vocab_size)  # any valid ids: timing does not depend on which
     for c in caches:
         model.forward(torch.randint(0, vocab, (context,), device=model.device), c, all_logits=False)
@@ -48,7 +51,8 @@ def _fastest_step(model: LlamaModel, tokens: int = 1, rows: int = 1, context: in
     for _ in range(repeats + 1):
         for c in caches:
             c.lengths[0] = context
-        items = [(torch.randint(0, vocab, (tokens,), device=model.device), c, tokens > 1) for c in caches]
+        items = [(torch.randint(0, vocab, (n,), device=model.device), c, logits)
+                 for (n, logits), c in zip(feeds, caches)]
         t0 = time.perf_counter()
         model.forward_many(items)
         times.append(time.perf_counter() - t0)
@@ -57,23 +61,29 @@ def _fastest_step(model: LlamaModel, tokens: int = 1, rows: int = 1, context: in
     return min(times[1:])  # the first pays for lazy initialisation
 
 
+# batched shapes timed at start-up (tokens per row): decode batches, batches where some rows
+# verify drafts (what tells a row's leaving the one-token path from its tokens), and decode
+# batches beside a prefill chunk
+SHAPES = [[1] * 2, [1] * 4, [1] * 8, [1] * 16, [3] * 4, [1] * 6 + [5] * 2, [1] * 12 + [4] * 4,
+          [1] * 4 + [32], [1] * 8 + [128]]
+
+
 def fit_cost(model: LlamaModel) -> StepCost:
     """Time a lone row feeding 1..LONE_TOKENS tokens (kept as measured) and
-    forwards of several batched shapes; least squares over all of them for
-    a + b·tokens + c·rows + d·[tokens > 1]."""
+    forwards of the batched SHAPES; least squares over all of them for
+    a + b·tokens + c·rows + e·(rows feeding more than one token) + d·[tokens > 1]."""
     import numpy as np
 
-    lone = {t: _fastest_step(model, t, 1, repeats=5) for t in range(1, LONE_TOKENS + 1)}
-    shapes = [(2, 2), (4, 4), (8, 8), (16, 16), (12, 4)]
-    x = [[1.0, t, 1, float(t > 1)] for t in lone]
+    lone = {t: _fastest_step(model, [(t, t > 1)], repeats=5) for t in range(1, LONE_TOKENS + 1)}
+    x = [[1.0, t, 1, float(t > 1), float(t > 1)] for t in lone]
     y = list(lone.values())
-    for per_row, rows in [(t // r, r) for t, r in shapes]:
-        tokens = per_row * rows
-        x.append([1.0, tokens, rows, float(tokens > 1)])
-        y.append(_fastest_step(model, per_row, rows, repeats=3))
+    for shape in SHAPES:
+        x.append([1.0, sum(shape), len(shape), sum(n > 1 for n in shape), 1.0])
+        # a prefill chunk (the long feed beside one-token rows) wants no logits but its last
+        y.append(_fastest_step(model, [(n, 1 < n <= 8) for n in shape], repeats=3))
     coef, *_ = np.linalg.lstsq(np.array(x), np.array(y), rcond=None)
-    a, b, c, d = (float(v) for v in coef)
-    return StepCost(max(a, 1e-4), max(b, 1e-5), max(c, 0.0), max(d, 0.0), lone=lone)
+    a, b, c, e, d = (float(v) for v in coef)
+    return StepCost(max(a, 1e-4), max(b, 1e-5), max(c, 0.0), max(d, 0.0), lone=lone, e=max(e, 0.0))
 
 
 def choose_layout(model: LlamaModel, weights: list[LlamaWeights], pack: bool | str, threads: int | None) -> Profile:

@@ -167,8 +167,9 @@ class Scheduler:
         t2 = time.perf_counter()
         for plan, logits, st in zip(plans, outs, states):
             self._apply(plan, logits, st, t0, t1, t2)
-        tokens, rows = sum(it[0].shape[0] for it in items), len(items)
-        self.cost.observe(tokens, rows, t2 - t1)
+        sizes = [it[0].shape[0] for it in items]
+        tokens, rows = sum(sizes), len(items)
+        self.cost.observe(tokens, rows, t2 - t1, sum(n > 1 for n in sizes))
         self.last_step_tokens = tokens
         self.step_s = 0.8 * self.step_s + 0.2 * (time.perf_counter() - t0) if self.step_s else time.perf_counter() - t0
         self._retire()
@@ -177,7 +178,7 @@ class Scheduler:
         """Prefill chunks, then the verification budget over the decoding rows."""
         plans: list[Plan] = []
         prefill_left = self.prefill_chunk
-        base_tokens = prefill = 0  # decoding rows' tokens; prefill chunks' tokens
+        base_tokens = prefill = chunks = 0  # decoding rows' tokens; prefill chunks' tokens and rows
         spec: list[Plan] = []
         for r in self.running:
             if r.finish is not None:
@@ -188,6 +189,7 @@ class Scheduler:
                     prefill_left -= take
                     plans.append(Plan("prefill", r, take))
                     prefill += take
+                    chunks += take > 1
                 continue
             p = proposals.get(id(r))
             plan = Plan("decode", r, 0, p, 0 if p is None else int(p.token_ids.numel()))
@@ -204,7 +206,7 @@ class Scheduler:
             emitted += sum(self._survival(p))
         if adapt:
             takes = budget.admit([self._survival(p) for p in adapt], base_tokens, round(emitted), self.cost,
-                                 len(plans), self.max_stretch, prefill)
+                                 len(plans), self.max_stretch, prefill, chunks, len(fixed))
             for p, k in zip(adapt, takes):
                 if k > 0:
                     p.kind, p.take, p.proposal = "verify", k, p.proposal.truncate(k)

@@ -146,6 +146,25 @@ def test_the_step_cost_model_is_refitted_from_steps():
     assert cost.a == pytest.approx(0.035, abs=0.003) and cost.b == pytest.approx(0.003, abs=0.0005)
 
 
+def test_a_rows_first_verified_draft_pays_its_leaving_the_one_token_path():
+    # the fit tells a row feeding several tokens (e) from the tokens it feeds (b), given
+    # batches where verifying rows and verified tokens vary apart
+    cost = budget.StepCost(a=0.01, b=0.002, c=0.0)
+    for rows in (4, 6, 8, 12, 16):
+        for multi in (0, 1, 3):
+            for per_row in (2, 3, 4, 8):
+                tokens = rows + multi * (per_row - 1)
+                cost.observe(tokens, rows, 0.025 + 0.0008 * tokens + 0.0011 * rows + 0.0017 * multi + 0.0007, multi)
+    assert cost.b == pytest.approx(0.0008, abs=0.0001) and cost.e == pytest.approx(0.0017, abs=0.0002)
+    # so a lone survivor at 0.3 is not worth opening a row for in a batch of 16, but a sure run of four is
+    cost = budget.StepCost(a=0.025, b=0.0008, c=0.0011, e=0.0017)
+    assert budget.admit([[0.3], [0.9, 0.8, 0.7, 0.6]] + [[]] * 14, base_tokens=16, emitted=16, cost=cost,
+                        rows=16) == [0, 4] + [0] * 14
+    # priced at b alone, the lone 0.3 would pass: 0.3 / 0.8 ms > 16 tokens / 56 ms
+    flat = budget.StepCost(a=0.025, b=0.0008, c=0.0011)
+    assert budget.admit([[0.3]] + [[]] * 15, base_tokens=16, emitted=16, cost=flat, rows=16)[0] == 1
+
+
 def test_the_jump_beyond_one_token_is_fitted_and_kept_when_not_observable():
     cost = budget.StepCost(a=0.01, b=0.01, c=0.0, d=0.0)
     for tokens in range(1, 12):
