@@ -24,8 +24,8 @@ and its survival in expected tokens; rows are opened with their best prefix
 and extended a draft at a time, in order of expected tokens per added second,
 while that beats the batch's decoding rate (tokens emitted per second of a
 step without prefill chunks: what an accepted token saves is its row's share
-of a decode step): survival > b · emitted / seconds. A lone decoding row's
-prefixes are judged whole against its measured steps.
+of a decode step): expected tokens over added seconds > emitted / seconds.
+A lone decoding row's prefixes are judged whole against its measured steps.
 Alone, plausible drafts are verified; in a saturated batch only near-certain
 ones are. Verifying fewer drafts is only a smaller k: output stays exactly the
 target's.
@@ -57,9 +57,10 @@ class StepCost:
     squares over a sliding window of measured steps. `multi` counts rows
     feeding more than one token (verifying drafts, or a prefill chunk): such a
     row's attention leaves the one-query path and masks its new positions, so
-    its first verified draft costs b + e and every further one b (on the 2-core
-    CPU e was 1.5-1.9 ms against b's 0.8: priced at b alone, a row's first draft
-    looked three times cheaper than it is). `d` is what leaving the one-token
+    its first verified draft costs b + e and every further one b (at
+    concurrency 16 on the 2-core CPU, regressed step by step: e 1.8-1.9 ms, b
+    0.9-1.35 ms; priced at b alone, a row's first draft looked 2-3x cheaper
+    than it is). `d` is what leaving the one-token
     kernels costs for the whole forward: on CPU a forward of a single token
     runs matrix-vector kernels, and its second token costs several times what
     each further one does.
