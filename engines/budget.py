@@ -107,7 +107,7 @@ class StepCost:
         self._since_fit = 0
         if len(self._obs) < 20:
             return
-        x = np.array([[1.0, t, r, m, float(t > 1)] for t, r, m, _ in self._obs])
+        x = np.array([features(t, r, m) for t, r, m, _ in self._obs])
         y = np.array([s for *_, s in self._obs])
         # a column that does not vary in the window is not observable: its coefficient stays as it is
         fixed = [j for j in (1, 2, 3, 4) if np.ptp(x[:, j]) == 0]
@@ -127,6 +127,18 @@ class StepCost:
         self.c = float(new.get(2, self.c))
         self.e = float(new.get(3, self.e))
         self.d = float(new.get(4, self.d))
+
+
+def features(tokens: int, rows: int, multi: int) -> list[float]:
+    """One forward's row of the step-cost regression: the columns of a, b, c, e and d."""
+    return [1.0, float(tokens), float(rows), float(multi), float(tokens > 1)]
+
+
+def fit(x: np.ndarray, y: np.ndarray, lone: dict[int, float] | None = None) -> StepCost:
+    """A step-cost model from forwards timed at start-up (rows of `features`),
+    by non-negative least squares (see StepCost.refit), with a lone row's table."""
+    (a, b, c, e, d), _ = nnls(x, y)
+    return StepCost(max(float(a), 1e-4), max(float(b), 1e-5), float(c), float(d), lone=lone, e=float(e))
 
 
 def monotone(table: dict[int, float]) -> dict[int, float]:

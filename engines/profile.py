@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engines.budget import StepCost
+from engines.budget import StepCost, features, fit
 from engines.llama import LlamaModel, LlamaWeights, pack_for_cpu, unpack_for_cpu
 
 log = logging.getLogger(__name__)
@@ -70,20 +70,17 @@ SHAPES = [[1] * 2, [1] * 4, [1] * 8, [1] * 16, [3] * 4, [1] * 6 + [5] * 2, [1] *
 
 def fit_cost(model: LlamaModel) -> StepCost:
     """Time a lone row feeding 1..LONE_TOKENS tokens (kept as measured) and
-    forwards of the batched SHAPES; least squares over all of them for
-    a + b·tokens + c·rows + e·(rows feeding more than one token) + d·[tokens > 1]."""
+    forwards of the batched SHAPES; fit the step-cost model over all of them."""
     import numpy as np
 
     lone = {t: _fastest_step(model, [(t, t > 1)], repeats=5) for t in range(1, LONE_TOKENS + 1)}
-    x = [[1.0, t, 1, float(t > 1), float(t > 1)] for t in lone]
+    x = [features(t, 1, int(t > 1)) for t in lone]
     y = list(lone.values())
     for shape in SHAPES:
-        x.append([1.0, sum(shape), len(shape), sum(n > 1 for n in shape), 1.0])
+        x.append(features(sum(shape), len(shape), sum(n > 1 for n in shape)))
         # a prefill chunk (the long feed beside one-token rows) wants no logits but its last
         y.append(_fastest_step(model, [(n, 1 < n <= 8) for n in shape], repeats=3))
-    coef, *_ = np.linalg.lstsq(np.array(x), np.array(y), rcond=None)
-    a, b, c, e, d = (float(v) for v in coef)
-    return StepCost(max(a, 1e-4), max(b, 1e-5), max(c, 0.0), max(d, 0.0), lone=lone, e=max(e, 0.0))
+    return fit(np.array(x), np.array(y), lone)
 
 
 def choose_layout(model: LlamaModel, weights: list[LlamaWeights], pack: bool | str, threads: int | None) -> Profile:

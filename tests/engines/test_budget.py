@@ -2,6 +2,7 @@
 step-cost model, per-request acceptance and the draft's calibration; and that
 output stays exactly the target's when the budget verifies fewer drafts."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -163,6 +164,20 @@ def test_a_rows_first_verified_draft_pays_its_leaving_the_one_token_path():
     # priced at b alone, the lone 0.3 would pass: 0.3 / 0.8 ms > 16 tokens / 56 ms
     flat = budget.StepCost(a=0.025, b=0.0008, c=0.0011)
     assert budget.admit([[0.3]] + [[]] * 15, base_tokens=16, emitted=16, cost=flat, rows=16)[0] == 1
+
+
+def test_the_start_up_fit_recovers_the_model_and_keeps_every_price_non_negative():
+    shapes = [(t, 1, int(t > 1)) for t in range(1, 10)] + [(2, 2, 0), (8, 8, 0), (16, 16, 0), (12, 4, 4),
+                                                           (14, 8, 2), (24, 16, 4), (36, 5, 1)]
+    x = np.array([budget.features(*s) for s in shapes])
+    true = np.array([0.02, 0.001, 0.0005, 0.002, 0.003])  # a, b, c, e, d
+    cost = budget.fit(x, x @ true, lone={1: 0.03})
+    assert [cost.a, cost.b, cost.c, cost.e, cost.d] == pytest.approx(list(true), abs=1e-9)
+    assert cost.lone == {1: 0.03}
+    # rows that got cheaper as they were added (noise on a busy machine): unconstrained, c would be
+    # negative and every other price bent to match; here it is zero
+    cost = budget.fit(x, x @ np.array([0.02, 0.001, -0.0004, 0.002, 0.003]))
+    assert cost.c == 0.0 and min(cost.a, cost.b, cost.e, cost.d) >= 0.0
 
 
 def test_the_jump_beyond_one_token_is_fitted_and_kept_when_not_observable():
