@@ -60,10 +60,9 @@ class StepCost:
     its first verified draft costs b + e and every further one b (at
     concurrency 16 on the 2-core CPU, regressed step by step: e 1.8-1.9 ms, b
     0.9-1.35 ms; priced at b alone, a row's first draft looked 2-3x cheaper
-    than it is). `d` is what leaving the one-token
-    kernels costs for the whole forward: on CPU a forward of a single token
-    runs matrix-vector kernels, and its second token costs several times what
-    each further one does.
+    than it is). `d` is what leaving the one-token kernels costs for the whole
+    forward: on CPU a forward of a single token runs matrix-vector kernels, and
+    its second token costs several times what each further one does.
 
     One row (the case that decides speculation at low load): a table of measured
     seconds per token count (`lone`), from the start-up profile and then every
