@@ -78,8 +78,9 @@ def fit_cost(model: LlamaModel) -> StepCost:
     y = list(lone.values())
     for shape in SHAPES:
         x.append(features(sum(shape), len(shape), sum(n > 1 for n in shape)))
-        # a prefill chunk (the long feed beside one-token rows) wants no logits but its last
-        y.append(_fastest_step(model, [(n, 1 < n <= 8) for n in shape], repeats=3))
+        # a verifying row wants logits for every position; a prefill chunk (a feed longer than
+        # any verification) only for its last
+        y.append(_fastest_step(model, [(n, 1 < n <= LONE_TOKENS) for n in shape], repeats=3))
     return fit(np.array(x), np.array(y), lone)
 
 
