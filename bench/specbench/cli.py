@@ -10,8 +10,8 @@ when a temperature-0 request came out differently under two modes.
 
 With the defaults (39 Spec-Bench dev prompts, plain and each draft with the
 engine's adaptive γ as fixed configurations, adaptive, 200 learning requests,
-concurrency 1 and 16) it takes 30-60 minutes on 2 CPU cores, by machine; every ratio comes
-with a 95% interval (more --repeats narrow the ones above concurrency 1);
+concurrency 1 and 16, three rotated passes at 16) it takes 30-70 minutes on 2 CPU cores, by machine; every ratio comes
+with a 95% interval (more --repeats narrow them);
 `--learning-curve 0 --per-category 1 --max-tokens 64` is a quick look.
 """
 
@@ -62,7 +62,10 @@ def add_arguments(p) -> None:
     p.add_argument("--concurrency", nargs="+", type=int, default=[1, 16],
                    help="levels; 1 interleaves modes per request (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=128, help="(default: %(default)s)")
-    p.add_argument("--repeats", type=int, default=1, help="passes over the workload per level (default: %(default)s)")
+    p.add_argument("--repeats", type=int,
+                   help="passes over the workload per level (default: 1 at concurrency 1, where every request is "
+                        "interleaved across modes and the intervals come from resampling requests; 3 above it, "
+                        "where each rotated pass gives one ratio per mode and the interval is over passes)")
     p.add_argument("--seed", type=int, default=0, help="request seeds derive from it (default: %(default)s)")
     p.add_argument("--category-hints", action="store_true",
                    help="send the dataset's category as the request's hint (default: the gateway classifies)")
@@ -92,7 +95,7 @@ def _check_args(args) -> str | None:
             return f"--arms: {e}"
     if len(set(args.arms)) != len(args.arms):
         return "--arms: duplicates"
-    if any(c < 1 for c in args.concurrency) or args.repeats < 1 or args.max_tokens < 1:
+    if any(c < 1 for c in args.concurrency) or (args.repeats is not None and args.repeats < 1) or args.max_tokens < 1:
         return "--concurrency, --repeats and --max-tokens must be positive"
     if args.address and args.learning_curve:
         return "the learning curve needs a cold gateway this command starts: drop --address or pass " \
@@ -167,12 +170,12 @@ def _run(args, requests, modes, address, stack, out_dir: Path, say) -> int:
 
     c1: list[dict] = []
     if 1 in args.concurrency:
-        c1 = run_interleaved(send, requests, modes, args.repeats,
-                             Progress(len(requests) * len(modes) * args.repeats, "c=1"))
+        c1 = run_interleaved(send, requests, modes, repeats_at(args, 1),
+                             Progress(len(requests) * len(modes) * repeats_at(args, 1), "c=1"))
     runs: list[dict] = []
     for c in sorted(set(args.concurrency) - {1}):
-        prog = Progress(len(requests) * len(modes) * args.repeats, f"c={c}")
-        for rep in range(args.repeats):
+        prog = Progress(len(requests) * len(modes) * repeats_at(args, c), f"c={c}")
+        for rep in range(repeats_at(args, c)):
             for mode in rotated(modes, rep):
                 wall, ms = run_concurrent(send, requests, mode, c, rep, prog)
                 runs.append(dict(concurrency=c, mode=mode, repeat=rep, wall_s=wall, measurements=ms))
@@ -199,6 +202,11 @@ def _run(args, requests, modes, address, stack, out_dir: Path, say) -> int:
               f"different modes: {summary['greedy_mismatches'][:5]}", file=sys.stderr)
         return EXIT_MISMATCH
     return 0
+
+
+def repeats_at(args, concurrency: int) -> int:
+    """Passes over the workload at a level: --repeats, else 1 at concurrency 1 and 3 above."""
+    return args.repeats or (1 if concurrency == 1 else 3)
 
 
 def summarize(args, requests, modes, fixed, c1, runs, stream, address) -> dict:
@@ -234,7 +242,8 @@ def summarize(args, requests, modes, fixed, c1, runs, stream, address) -> dict:
     return dict(
         settings=dict(data=args.data, per_category=args.per_category, requests=len(requests), modes=modes,
                       temperatures=args.temperatures, concurrency=args.concurrency, max_tokens=args.max_tokens,
-                      repeats=args.repeats, seed=args.seed, category_hints=args.category_hints,
+                      repeats={str(c): repeats_at(args, c) for c in args.concurrency}, seed=args.seed,
+                      category_hints=args.category_hints,
                       learning_curve=args.learning_curve, gateway=args.address or "started by the bench",
                       cpu=cpu_model()),
         targets=analysis.targets(iv_c1, iv_high, curve, high),

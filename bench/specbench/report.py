@@ -13,10 +13,12 @@ def _f(v, spec=".2f", suffix="") -> str:
 
 def markdown(summary: dict) -> str:
     s = summary["settings"]
+    reps = s["repeats"]  # per level (older runs: one count for every level)
+    passes = ", ".join(f"{n} at c={c}" for c, n in reps.items()) if isinstance(reps, dict) else reps
     lines = [
         "# specgate bench", "",
         f"Workload: {s['requests']} requests from `{s['data']}` ({s['per_category']} per category), "
-        f"temperatures {s['temperatures']}, max_tokens {s['max_tokens']}, repeats {s['repeats']}, seed {s['seed']}; "
+        f"temperatures {s['temperatures']}, max_tokens {s['max_tokens']}, passes {passes}, seed {s['seed']}; "
         f"gateway {s['gateway']}; machine {s.get('cpu', 'not recorded')}.", "",
         "Speed is output tokens per second of request time, so arms that sample answers of different "
         "lengths at temperature > 0 compare fairly; at temperature 0 it equals the ratio of total times.", "",

@@ -137,7 +137,8 @@ def test_bad_arguments_are_refused_with_a_reason(capsys):
 
 def test_a_real_run_through_a_gateway(tmp_path, specbench_rows):
     """Tiny engine behind a real gateway on loopback: every mode, two levels of
-    concurrency, outputs identical at temperature 0, files written."""
+    concurrency (three passes at the higher), outputs identical at temperature 0,
+    files written."""
     data = tmp_path / "w.jsonl"
     picked = [r for r in specbench_rows if r["category"] in ("coding", "summarization")][:1] + \
              [r for r in specbench_rows if r["category"] == "translation"][:1]
@@ -157,10 +158,13 @@ def test_a_real_run_through_a_gateway(tmp_path, specbench_rows):
     assert summary["greedy_mismatches"] == []
     modes = ["plain", "ngram:2", "ngram:4", ADAPTIVE]
     assert list(summary["raw"]["c1"]) == modes or set(summary["raw"]["c1"]) == set(modes)
-    for level in ("c1", "c3"):
+    # by default one interleaved pass at concurrency 1 and three rotated passes above it
+    assert summary["settings"]["repeats"] == {"1": 1, "3": 3}
+    for level, passes in (("c1", 1), ("c3", 3)):
         for mode in modes:
             cell = summary["raw"][level][mode]
-            assert len(cell["latencies_s"]) == 2 and cell["total_output_tokens"] > 0 and cell["total_wall_s"] > 0
+            assert len(cell["latencies_s"]) == 2 * passes
+            assert cell["total_output_tokens"] > 0 and cell["total_wall_s"] > 0
     assert all(a for a in summary["raw"]["c1"][ADAPTIVE]["arms"])
     fixed = [x for x in summary["measurements"] if x["mode"] == "ngram:4"]
     assert all(x["arm"] == "ngram:4" and x["source"] == "request" for x in fixed)
