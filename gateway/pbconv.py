@@ -4,6 +4,7 @@ the internal engine API's (engine worker and its client)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from engines.api import ChatMessage, GenerationRequest, GenerationResult, GenerationStats, SamplingParams
 from engines.arms import Arm, ArmMenu
@@ -58,7 +59,7 @@ def features_pb(f: RequestFeatures) -> pb.Features:
 def engine_status_pb(id: str, address: str, healthy: bool, arms: ArmMenu, load, max_context: int) -> pb.EngineStatus:
     return pb.EngineStatus(
         id=id, address=address, healthy=healthy, drafts=list(arms.drafts), gamma_min=arms.gamma_min,
-        gamma_max=arms.gamma_max, max_context=max_context,
+        gamma_max=arms.gamma_max, max_context=max_context, adaptive_gamma=arms.adaptive,
         arms=[a.name for a in arms.all_arms()] if arms.only is not None else [],
         load=pb.Load(running=load.running, waiting=load.waiting, tokens_per_step=load.tokens_per_step,
                      kv_used_tokens=load.kv_used_tokens, kv_limit_tokens=load.kv_limit_tokens,
@@ -112,5 +113,5 @@ def menu_from_status(s: pb.EngineStatus | None) -> ArmMenu:
     if s is None:
         return ArmMenu((), 1, 1, frozenset())
     if s.arms:
-        return ArmMenu.of(Arm.parse(a) for a in s.arms)
-    return ArmMenu(tuple(s.drafts), s.gamma_min, s.gamma_max)
+        return replace(ArmMenu.of(Arm.parse(a) for a in s.arms), adaptive=s.adaptive_gamma)
+    return ArmMenu(tuple(s.drafts), s.gamma_min, s.gamma_max, adaptive=s.adaptive_gamma)

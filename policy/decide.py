@@ -108,7 +108,7 @@ def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None,
             speed[a.name] = round(at_mean[a.gamma - 1], 4)
             column[a.name] = offset + a.gamma - 1
         blocks.append(table[1:])
-    # ties go to the earlier (cheaper) candidate: plain, then smaller γ
+    # ties go to the earlier candidate: plain, then as the menu prefers γ (ArmMenu.preference)
     best = candidates[max(range(len(candidates)), key=lambda i: (speed[candidates[i].name], -i))]
 
     # Thompson sampling among the safe arms: those predicted within EXPLORE_FLOOR of
@@ -162,7 +162,7 @@ def _allowed_arms(arms: ArmMenu, then: Then, guarded: set[str]) -> list[Arm]:
     for d in arms.drafts:
         if (then.drafts is None or d in then.drafts) and d not in guarded:
             out.extend(a for a in arms.arms_of(d) if lo <= a.gamma <= hi)
-    return out
+    return arms.preference(out)
 
 
 def _parse_requested(text: str | None) -> Arm | None:

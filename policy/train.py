@@ -210,7 +210,8 @@ def predicted(model: PolicyModel, f: RequestFeatures, arm: Arm) -> float:
 
 
 def greedy_arm(model: PolicyModel, f: RequestFeatures, arms: list[Arm]) -> Arm:
-    """The arm the model ranks first (ties to the earlier, cheaper arm)."""
+    """The arm the model ranks first (ties to the earlier arm: pass them in the
+    menu's ArmMenu.preference order)."""
     by_draft: dict[str, list[int]] = defaultdict(list)
     for a in arms:
         if not a.is_plain:

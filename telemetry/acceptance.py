@@ -5,6 +5,13 @@ Only requests the policy chose (not ones whose arm a request or a rule forced)
 count, under the category the classifier gave (not a hint it disagreed with),
 and every tenant has its own tally: one tenant's odd traffic cannot switch a
 draft off for another. Evidence is counted in rounds, decayed per update.
+
+Acceptance is per token sent to verification, not per token drafted: the
+adaptive engine drafts freely and verifies only what it expects to keep, so
+accepted over drafted reads low whether or not verification pays (prompt
+lookup: 5 of 420 drafted tokens on one chat prompt), and the guard, judging by
+it, had switched prompt lookup off for summarization and rag, fixed
+prompt-lookup requests included, in a `specgate bench` run.
 """
 
 from __future__ import annotations
@@ -14,15 +21,15 @@ import threading
 
 log = logging.getLogger(__name__)
 
-PREFIX = "specgate:accept:"  # + tenant + "|" + draft + "|" + category -> hash {drafted, accepted, rounds}
+PREFIX = "specgate:accept:"  # + tenant + "|" + draft + "|" + category -> hash {verified, accepted, rounds}
 
-# Decayed sums, atomically: new = old * decay + x. Rolling acceptance = accepted / drafted.
+# Decayed sums, atomically: new = old * decay + x. Rolling acceptance = accepted / verified.
 DECAY_SCRIPT = """
 local d = tonumber(ARGV[3])
-local drafted = tonumber(redis.call('HGET', KEYS[1], 'drafted') or '0') * d + tonumber(ARGV[1])
+local verified = tonumber(redis.call('HGET', KEYS[1], 'verified') or '0') * d + tonumber(ARGV[1])
 local accepted = tonumber(redis.call('HGET', KEYS[1], 'accepted') or '0') * d + tonumber(ARGV[2])
 local rounds = tonumber(redis.call('HGET', KEYS[1], 'rounds') or '0') * d + tonumber(ARGV[4])
-redis.call('HSET', KEYS[1], 'drafted', drafted, 'accepted', accepted, 'rounds', rounds)
+redis.call('HSET', KEYS[1], 'verified', verified, 'accepted', accepted, 'rounds', rounds)
 return 1
 """
 
@@ -32,11 +39,11 @@ def key(tenant: str, draft: str, category: str) -> str:
 
 
 def update_for(record) -> tuple[str, int, int, int] | None:
-    """(key, drafted, accepted, rounds) a telemetry.record.OutcomeRecord adds, or None."""
+    """(key, verified, accepted, rounds) a telemetry.record.OutcomeRecord adds, or None."""
     res, draft = record.result, record.decision.arm.draft
-    if draft is None or not record.policy_chosen or res.drafted <= 0:
+    if draft is None or not record.policy_chosen or res.verified <= 0:
         return None
-    return key(record.tenant, draft, record.guard_category), res.drafted, res.accepted, res.rounds
+    return key(record.tenant, draft, record.guard_category), res.verified, res.accepted, res.rounds
 
 
 Table = dict[tuple[str, str], dict[str, tuple[float, float]]]  # (tenant, category) -> draft -> (acceptance, rounds)
@@ -51,9 +58,9 @@ def read_table(client) -> Table:
             continue
         tenant, draft, cat = parts
         h = {(f.decode() if isinstance(f, bytes) else f): v for f, v in client.hgetall(k).items()}
-        drafted = float(h.get("drafted", 0) or 0)
-        if drafted > 0:
-            out.setdefault((tenant, cat), {})[draft] = (float(h.get("accepted", 0) or 0) / drafted,
+        verified = float(h.get("verified", 0) or 0)
+        if verified > 0:
+            out.setdefault((tenant, cat), {})[draft] = (float(h.get("accepted", 0) or 0) / verified,
                                                         float(h.get("rounds", 0) or 0))
     return out
 

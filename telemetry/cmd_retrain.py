@@ -24,7 +24,11 @@ def add_arguments(r) -> None:
     r.add_argument("--window", type=int, default=50_000, help="outcomes kept for training (default: %(default)s)")
     r.add_argument("--min-rows", type=int, default=200,
                    help="outcomes needed before the first retraining (default: %(default)s)")
-    r.add_argument("--arms", default="ngram,selfspec:1-8", help="arms the engines serve (default: %(default)s)")
+    r.add_argument("--arms", default="ngram,eagle,selfspec:1-8",
+                   help="arms the engines serve (default: %(default)s, the built-in engine's)")
+    r.add_argument("--fixed-gamma", action="store_true",
+                   help="the engines run the γ they are given (servers such as vLLM); default: γ is a bound the "
+                        "engine verifies within, as the built-in engine does (a larger one is never slower)")
 
 
 def artifact_key() -> bytes | None:
@@ -55,7 +59,7 @@ def main(args) -> int:
     if key is None or client is None:
         return 2
     try:
-        menu = ArmMenu.parse(args.arms)
+        menu = ArmMenu.parse(args.arms, adaptive=not args.fixed_gamma)
     except ValueError as e:
         print(f"error: --arms: {e}", file=sys.stderr)
         return 2

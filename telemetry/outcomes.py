@@ -93,8 +93,8 @@ class RedisOutcomeSink:
                       maxlen=self._maxlen, approximate=True)
             update = acceptance.update_for(rec)
             if update is not None:
-                k, drafted, accepted, rounds = update
-                self._script(keys=[k], args=[drafted, accepted, self._decay, rounds], client=pipe)
+                k, verified, accepted, rounds = update
+                self._script(keys=[k], args=[verified, accepted, self._decay, rounds], client=pipe)
         pipe.execute()
 
     def flush(self, timeout: float = 10.0) -> bool:

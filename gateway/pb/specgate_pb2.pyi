@@ -198,7 +198,7 @@ class Load(_message.Message):
     def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., tokens_per_step: _Optional[float] = ..., kv_used_tokens: _Optional[int] = ..., kv_limit_tokens: _Optional[int] = ..., recent_step_s: _Optional[float] = ...) -> None: ...
 
 class EngineStatus(_message.Message):
-    __slots__ = ("id", "address", "healthy", "drafts", "gamma_min", "gamma_max", "load", "max_context", "arms")
+    __slots__ = ("id", "address", "healthy", "drafts", "gamma_min", "gamma_max", "load", "max_context", "arms", "adaptive_gamma")
     ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
@@ -208,6 +208,7 @@ class EngineStatus(_message.Message):
     LOAD_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     ARMS_FIELD_NUMBER: _ClassVar[int]
+    ADAPTIVE_GAMMA_FIELD_NUMBER: _ClassVar[int]
     id: str
     address: str
     healthy: bool
@@ -217,7 +218,8 @@ class EngineStatus(_message.Message):
     load: Load
     max_context: int
     arms: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, id: _Optional[str] = ..., address: _Optional[str] = ..., healthy: _Optional[bool] = ..., drafts: _Optional[_Iterable[str]] = ..., gamma_min: _Optional[int] = ..., gamma_max: _Optional[int] = ..., load: _Optional[_Union[Load, _Mapping]] = ..., max_context: _Optional[int] = ..., arms: _Optional[_Iterable[str]] = ...) -> None: ...
+    adaptive_gamma: bool
+    def __init__(self, id: _Optional[str] = ..., address: _Optional[str] = ..., healthy: _Optional[bool] = ..., drafts: _Optional[_Iterable[str]] = ..., gamma_min: _Optional[int] = ..., gamma_max: _Optional[int] = ..., load: _Optional[_Union[Load, _Mapping]] = ..., max_context: _Optional[int] = ..., arms: _Optional[_Iterable[str]] = ..., adaptive_gamma: _Optional[bool] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
     __slots__ = ("engines", "policy_version", "rules_version")

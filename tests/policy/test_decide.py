@@ -1,5 +1,6 @@
 """Invariants of decide(): rules win, excluded arms never chosen, determinism."""
 
+import dataclasses
 import random
 
 from hypothesis import given, settings
@@ -99,13 +100,33 @@ def test_requested_arm_is_honoured_only_when_allowed():
 
 
 def test_propensities_of_all_arms_sum_to_one():
-    f = RequestFeatures("summarization", 0, 1, 900, 200, 0.3)  # two γ within the posterior's reach
+    f = RequestFeatures("chat", 1.0, 1, 900, 200, 0.05)  # prompt lookup within the posterior's reach of plain
     rules = parse_rules("default: {drafts: [ngram], gamma: {min: 1, max: 3}, explore: 0.2}")
     seen = {}
     for seed in range(3000):
         d = decide(f, rules, None, random.Random(seed), ARMS)
         seen[d.arm] = d.propensity
     assert len(seen) >= 2 and abs(sum(seen.values()) - 1) < 1e-6
+
+
+def test_a_drafts_equal_predictions_go_to_its_largest_gamma():
+    """Where the engine adapts, γ is a bound it verifies within: of a draft's
+    bounds predicted alike the largest is chosen, explored or not (the smallest
+    was, and capped prompt lookup's long copies)."""
+    from policy.train import greedy_arm
+
+    f = RequestFeatures("summarization", 0, 1, 900, 200, 0.3)
+    rules = parse_rules("default: {drafts: [ngram], gamma: {min: 1, max: 3}, explore: 1.0}")
+    adaptive = dataclasses.replace(ARMS, adaptive=True)
+    chosen = {decide(f, rules, None, random.Random(seed), adaptive).arm for seed in range(300)}
+    speed = decide(f, rules, None, random.Random(0), adaptive).predicted_speedup
+    assert speed["ngram:2"] == speed["ngram:3"] > 1.0  # a tie: nothing but the order decides it
+    assert chosen == {Arm("ngram", 3)}
+    # a server that runs the γ it is given: the shortest draft predicted to pay as much
+    greedy = parse_rules("default: {drafts: [ngram], gamma: {min: 1, max: 3}, explore: 0}")
+    assert decide(f, greedy, None, random.Random(0), ARMS).arm == Arm("ngram", 2)
+    menu = ArmMenu(("ngram",), 1, 8, adaptive=True)
+    assert greedy_arm(prior_model(), f, menu.preference(menu.all_arms())) == Arm("ngram", 8)
 
 
 def test_exploration_stays_near_the_best_prediction():

@@ -13,11 +13,12 @@ from telemetry.record import OutcomeRecord
 
 
 def outcome(i, draft="ngram", cat="summarization", drafted=10, accepted=6, tenant="t", source="policy",
-            classified=None):
+            classified=None, verified=None):
     f = RequestFeatures(category=cat, temperature=0.0, top_p=1.0, prompt_tokens=30, expected_output_tokens=20,
                         copy_signal=0.5)
     d = Decision(Arm(draft, 4), source, None, "prior", "r", {f"{draft}:4": 1.2}, 0.9)
     st = GenerationStats(arm=f"{draft}:4", output_tokens=20, rounds=8, drafted_per_round=[drafted],
+                         verified_per_round=[] if verified is None else [verified],
                          accepted_per_round=[accepted], total_s=0.6, prefill_s=0.1)
     return OutcomeRecord.of(f"r{i}", tenant, "local", f, d, st, 0.1, classified)
 
@@ -58,6 +59,15 @@ def test_rolling_acceptance_is_shared_through_redis_per_tenant_from_policy_choic
     assert table[("t", "summarization")]["ngram"] == (0.3, 40)  # (acceptance, rounds of evidence)
     assert table[("t", "code")] == {"selfspec": (1.0, 8), "ngram": (1.0, 8)}
     assert table[("other", "summarization")]["ngram"] == (0.0, 8)
+
+
+def test_the_guard_counts_acceptance_per_verified_token(rclient):
+    """The adaptive engine drafts freely and verifies what it expects to keep:
+    3 accepted of 40 drafted but of 4 verified is 0.75, not 0.075."""
+    sink = RedisOutcomeSink(rclient, decay=1.0)
+    sink.emit(outcome(1, drafted=40, verified=4, accepted=3))
+    sink.close()
+    assert read_table(rclient)[("t", "summarization")]["ngram"] == (0.75, 8)
 
 
 def test_records_of_schema_1_are_still_read():
