@@ -78,8 +78,11 @@ def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None,
     guarded = _guarded_drafts(features, then, rng)
     candidates = _allowed_arms(arms, then, guarded)
 
+    # an arm the request asks for is held to the rule's drafts and γ bounds, not to the guard: the
+    # guard judges the policy's own use of a draft (its tally counts policy-chosen requests only), and
+    # a client asking for a fixed configuration (a benchmark's baseline) gets it, not plain instead
     requested = _parse_requested(features.requested_arm)
-    if requested is not None and then.allow_requested_arm and requested in candidates:
+    if requested is not None and then.allow_requested_arm and requested in _allowed_arms(arms, then, set()):
         return Decision(requested, "request", reason=f"requested arm {requested.name}, allowed by {where}", **base)
 
     if len(candidates) == 1:

@@ -112,7 +112,10 @@ class GammaRange(_Strict):
 
 
 class Guard(_Strict):
-    """Stop using a draft for a category while its rolling acceptance is low."""
+    """Stop the policy choosing a draft for a category while its rolling
+    acceptance (accepted per verified token) is low. It steers the policy's own
+    choices: an arm a request asks for is held to the rule's drafts and γ bounds
+    only (allow_requested_arm: false refuses requests' arms)."""
 
     min_acceptance: float = Field(0.55, ge=0, le=1)
     min_samples: int = Field(20, ge=1)

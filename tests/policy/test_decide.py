@@ -62,8 +62,8 @@ def test_decision_respects_rules_and_is_deterministic(f, seed):
     else:
         assert d.arm.is_plain or (d.arm.draft == "selfspec" and d.arm.gamma <= 4)
         alpha, n = f.rolling_acceptance.get("selfspec", (1.0, 0))
-        if n >= 10 and alpha < 0.55:
-            assert d.arm.is_plain  # guard tripped, reprobe share 0
+        if n >= 10 and alpha < 0.55 and d.source != "request":
+            assert d.arm.is_plain  # guard tripped, reprobe share 0 (the guard steers the policy's choices)
 
 
 @settings(max_examples=200, deadline=None)
@@ -179,6 +179,11 @@ def test_the_guard_counts_rounds_of_evidence_not_drafted_tokens():
                   rules, prior_model(), random.Random(0), ArmMenu(("ngram",), 1, 8))
     assert "guard" not in few.reason
     assert many.arm.is_plain and "guard" in many.reason
+    # a request that asks for the guarded draft gets it: the guard steers the policy, not the client
+    asked = decide(base.__class__(**{**base.__dict__, "rolling_acceptance": {"ngram": (0.1, 20.0)},
+                                     "requested_arm": "ngram:8"}), rules, prior_model(), random.Random(0),
+                   ArmMenu(("ngram",), 1, 8))
+    assert asked.arm == Arm("ngram", 8) and asked.source == "request"
 
 
 def test_an_explicit_menu_offers_exactly_its_arms_within_the_rules_bounds():
