@@ -118,25 +118,28 @@ class ArmMenu:
 
     @functools.cached_property
     def _by_draft(self) -> dict[str, tuple[Arm, ...]]:
+        # each draft's γ from the largest down where the engine adapts, else from the smallest up:
+        # the order that breaks ties between equal predictions (see by_preference)
         out: dict[str, list[Arm]] = {}
         for a in self.all_arms():
             if not a.is_plain:
                 out.setdefault(a.draft, []).append(a)
-        return {d: tuple(v) for d, v in out.items()}
+        return {d: tuple(v[::-1] if self.adaptive else v) for d, v in out.items()}
 
     def arms_of(self, draft: str) -> tuple[Arm, ...]:
-        """The served arms of one draft, by γ (made once per menu: decisions read it per request)."""
+        """The served arms of one draft, in by_preference's order (made once per
+        menu: decisions read it per request)."""
         return self._by_draft.get(draft, ())
 
-    def preference(self, arms: Iterable[Arm]) -> list[Arm]:
-        """`arms` in the order that breaks ties between equal predictions: plain,
-        then by draft, each draft's γ from the largest down where the engine adapts
-        (a larger bound costs nothing predicted and keeps the long copies a
-        request's mean acceptance cannot foresee: ties to the smallest served
-        prompt lookup with γ 1-2 where ngram:8 ran 1.26-1.59x plain on the same
-        requests), else from the smallest up (the shortest draft that pays)."""
-        sign = -1 if self.adaptive else 1
-        return sorted(arms, key=lambda a: (not a.is_plain, a.draft or "", sign * a.gamma))
+    def by_preference(self) -> list[Arm]:
+        """Every served arm in the order that breaks ties between equal
+        predictions: plain, then per draft its γ from the largest down where the
+        engine adapts (a larger bound costs nothing predicted and keeps the long
+        copies a request's mean acceptance cannot foresee: ties to the smallest
+        served prompt lookup with γ 1-2 where ngram:8 ran 1.26-1.59x plain on the
+        same requests), else from the smallest up (the shortest draft that pays)."""
+        plain = [a for a in self.all_arms() if a.is_plain]
+        return plain + [a for d in self._by_draft for a in self._by_draft[d]]
 
     def all_arms(self) -> list[Arm]:
         """Plain first (when served), then by draft and γ."""

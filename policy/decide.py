@@ -82,7 +82,8 @@ def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None,
     # guard judges the policy's own use of a draft (its tally counts policy-chosen requests only), and
     # a client asking for a fixed configuration (a benchmark's baseline) gets it, not plain instead
     requested = _parse_requested(features.requested_arm)
-    if requested is not None and then.allow_requested_arm and requested in _allowed_arms(arms, then, set()):
+    if requested is not None and then.allow_requested_arm and \
+            requested in (_allowed_arms(arms, then, set()) if guarded else candidates):
         return Decision(requested, "request", reason=f"requested arm {requested.name}, allowed by {where}", **base)
 
     if len(candidates) == 1:
@@ -111,7 +112,7 @@ def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None,
             speed[a.name] = round(at_mean[a.gamma - 1], 4)
             column[a.name] = offset + a.gamma - 1
         blocks.append(table[1:])
-    # ties go to the earlier candidate: plain, then as the menu prefers γ (ArmMenu.preference)
+    # ties go to the earlier candidate: plain, then as the menu orders γ (ArmMenu.by_preference)
     best = candidates[max(range(len(candidates)), key=lambda i: (speed[candidates[i].name], -i))]
 
     # Thompson sampling among the safe arms: those predicted within EXPLORE_FLOOR of
@@ -165,7 +166,7 @@ def _allowed_arms(arms: ArmMenu, then: Then, guarded: set[str]) -> list[Arm]:
     for d in arms.drafts:
         if (then.drafts is None or d in then.drafts) and d not in guarded:
             out.extend(a for a in arms.arms_of(d) if lo <= a.gamma <= hi)
-    return arms.preference(out)
+    return out
 
 
 def _parse_requested(text: str | None) -> Arm | None:

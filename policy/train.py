@@ -211,7 +211,7 @@ def predicted(model: PolicyModel, f: RequestFeatures, arm: Arm) -> float:
 
 def greedy_arm(model: PolicyModel, f: RequestFeatures, arms: list[Arm]) -> Arm:
     """The arm the model ranks first (ties to the earlier arm: pass them in the
-    menu's ArmMenu.preference order)."""
+    menu's ArmMenu.by_preference order)."""
     by_draft: dict[str, list[int]] = defaultdict(list)
     for a in arms:
         if not a.is_plain:

@@ -28,7 +28,7 @@ class NgramProposer(ProposerBase):
     def __init__(self, min_n: int = 1, max_n: int = 3, device: str = "cpu"):
         if not 1 <= min_n <= max_n:
             raise ValueError(f"ngram needs 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
-        self.min_n, self.max_n, self.device = min_n, max_n, device
+        self.min_n, self.device = min_n, device
         self.index = NgramIndex(max_n)
 
     def propose(self, context: list[int], gamma: int, sampling: SamplingParams,

@@ -126,7 +126,7 @@ def test_a_drafts_equal_predictions_go_to_its_largest_gamma():
     greedy = parse_rules("default: {drafts: [ngram], gamma: {min: 1, max: 3}, explore: 0}")
     assert decide(f, greedy, None, random.Random(0), ARMS).arm == Arm("ngram", 2)
     menu = ArmMenu(("ngram",), 1, 8, adaptive=True)
-    assert greedy_arm(prior_model(), f, menu.preference(menu.all_arms())) == Arm("ngram", 8)
+    assert greedy_arm(prior_model(), f, menu.by_preference()) == Arm("ngram", 8)
 
 
 def test_exploration_stays_near_the_best_prediction():
