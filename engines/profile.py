@@ -40,25 +40,31 @@ class Profile:
                 f"fed: {' '.join(f'{t}:{s * 1e3:.1f}' for t, s in sorted(self.cost.lone.items()))} ms")
 
 
-def _fastest_step(model: LlamaModel, feeds: list[tuple[int, bool]] = ((1, False),), context: int = 64,
-                  repeats: int = 7) -> float:
-    """The fastest of `repeats` forwards of one row per feed: (tokens, logits for every position)."""
-    caches = [model.new_cache(context + n + 1) for n, _ in feeds]
+def _fastest_steps(model: LlamaModel, shapes: list[list[tuple[int, bool]]], context: int = 64,
+                   repeats: int = 7) -> list[float]:
+    """Per shape, the fastest of `repeats` forwards of its rows (one row per feed:
+    tokens, logits for every position). The shapes are timed round-robin, in
+    alternating order, so a machine drifting during the profile moves them alike:
+    timed one shape after another, a lone row's 9-token forward once read faster
+    than its 1-token one on a machine that slowed down meanwhile."""
+    caches = [[model.new_cache(context + n + 1) for n, _ in feeds] for feeds in shapes]
     vocab = min(1000, model.cfg.vocab_size)  # any valid ids: timing does not depend on which
-    for c in caches:
+    for c in (c for row in caches for c in row):
         model.forward(torch.randint(0, vocab, (context,), device=model.device), c, all_logits=False)
-    times = []
-    for _ in range(repeats + 1):
-        for c in caches:
-            c.lengths[0] = context
-        items = [(torch.randint(0, vocab, (n,), device=model.device), c, logits)
-                 for (n, logits), c in zip(feeds, caches)]
-        t0 = time.perf_counter()
-        model.forward_many(items)
-        times.append(time.perf_counter() - t0)
+    times: list[list[float]] = [[] for _ in shapes]
+    for r in range(repeats + 1):
+        for i in (range(len(shapes)) if r % 2 == 0 else reversed(range(len(shapes)))):
+            for c in caches[i]:
+                c.lengths[0] = context
+            items = [(torch.randint(0, vocab, (n,), device=model.device), c, logits)
+                     for (n, logits), c in zip(shapes[i], caches[i])]
+            t0 = time.perf_counter()
+            model.forward_many(items)
+            times[i].append(time.perf_counter() - t0)
     # the fastest, not the median: noise from anything sharing the cores only adds time, and a
-    # burst of it during a few repeats must not rank a 9-token forward below a 1-token one
-    return min(times[1:])  # the first pays for lazy initialisation
+    # burst of it during a few repeats must not rank a 9-token forward below a 1-token one;
+    # the first round pays for lazy initialisation
+    return [min(t[1:]) for t in times]
 
 
 # batched shapes timed at start-up (tokens per row): decode batches, batches where some rows
@@ -73,14 +79,14 @@ def fit_cost(model: LlamaModel) -> StepCost:
     forwards of the batched SHAPES; fit the step-cost model over all of them."""
     import numpy as np
 
-    lone = {t: _fastest_step(model, [(t, t > 1)], repeats=5) for t in range(1, LONE_TOKENS + 1)}
+    counts = list(range(1, LONE_TOKENS + 1))
+    lone = dict(zip(counts, _fastest_steps(model, [[(t, t > 1)] for t in counts], repeats=5)))
     x = [features(t, 1, int(t > 1)) for t in lone]
     y = list(lone.values())
-    for shape in SHAPES:
-        x.append(features(sum(shape), len(shape), sum(n > 1 for n in shape)))
-        # a verifying row wants logits for every position; a prefill chunk (a feed longer than
-        # any verification) only for its last
-        y.append(_fastest_step(model, [(n, 1 < n <= LONE_TOKENS) for n in shape], repeats=3))
+    # a verifying row wants logits for every position; a prefill chunk (a feed longer than any
+    # verification) only for its last
+    y += _fastest_steps(model, [[(n, 1 < n <= LONE_TOKENS) for n in shape] for shape in SHAPES], repeats=3)
+    x += [features(sum(shape), len(shape), sum(n > 1 for n in shape)) for shape in SHAPES]
     return fit(np.array(x), np.array(y), lone)
 
 
@@ -97,7 +103,7 @@ def choose_layout(model: LlamaModel, weights: list[LlamaWeights], pack: bool | s
             (pack_for_cpu if layout else unpack_for_cpu)(w)
         for n in thread_options:
             torch.set_num_threads(n)
-            timings[(n, layout)] = _fastest_step(model)
+            timings[(n, layout)] = _fastest_steps(model, [[(1, False)]])[0]
     best_threads, best_layout = min(timings, key=timings.get)
     for w in weights:
         (pack_for_cpu if best_layout else unpack_for_cpu)(w)
