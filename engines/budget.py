@@ -47,7 +47,8 @@ import numpy as np
 import torch
 from scipy.optimize import nnls
 
-LONE_RATE = 0.1  # moving average of a lone row's measured steps
+PACE_RATE = 0.1  # moving average of the machine's pace, from every lone step
+SHAPE_RATE = 0.05  # a lone table entry against the one-token step, from the steps of its size
 
 
 class StepCost:
@@ -65,15 +66,22 @@ class StepCost:
     its second token costs several times what each further one does.
 
     One row (the case that decides speculation at low load): a table of measured
-    seconds per token count (`lone`), from the start-up profile and then every
-    one-row step, because the linear fit, pulled by batched shapes, misjudges it
-    (on one machine it priced a second token 31 ms above one, where 17 ms were measured
-    between one token and three)."""
+    seconds per token count (`lone`, from the start-up profile), because the
+    linear fit, pulled by batched shapes, misjudges it (on one machine it priced
+    a second token 31 ms above one, where 17 ms were measured between one token
+    and three), times the machine's pace since (`pace`, from every one-row
+    step, whatever its size). The table's one-token entry is the unit; a longer
+    entry learns slowly from steps of its size what it costs against it. Each
+    entry moving on its own went stale: steps of a size the budget stopped
+    choosing were never timed again, so when the machine sped up (one-token
+    steps 42 -> 26 ms within minutes) verifying one draft stayed priced at 52 ms,
+    2x a step, and a lone row verified nothing for whole requests."""
 
     def __init__(self, a: float = 0.03, b: float = 0.002, c: float = 0.0, d: float = 0.0, window: int = 400,
                  lone: dict[int, float] | None = None, e: float = 0.0):
         self.a, self.b, self.c, self.d, self.e = a, b, c, d, e
-        self.lone: dict[int, float] = dict(lone or {})  # tokens fed by a lone row -> measured seconds
+        self.lone: dict[int, float] = dict(lone or {})  # tokens fed by a lone row -> seconds at pace 1
+        self.pace = 1.0  # the machine's speed now against the table's: a step's seconds over its entry
         self._lone_fit: dict[int, float] | None = None  # its monotone fit, remade when the table moves
         self._obs: collections.deque = collections.deque(maxlen=window)
         self._since_fit = 0
@@ -88,15 +96,17 @@ class StepCost:
             if self._lone_fit is None:
                 self._lone_fit = monotone(self.lone)
             if tokens in self._lone_fit:
-                return self._lone_fit[tokens]
+                return self.pace * self._lone_fit[tokens]
             known = max((v for t, v in self._lone_fit.items() if t <= tokens), default=0.0)
-            return max(known, self.seconds(tokens, 1, int(tokens > 1)))
+            return max(self.pace * known, self.seconds(tokens, 1, int(tokens > 1)))
         return self.seconds(tokens, rows, multi)
 
     def observe(self, tokens: int, rows: int, seconds: float, multi: int = 0) -> None:
         if rows == 1 and tokens in self.lone:
-            self.lone[tokens] += (seconds - self.lone[tokens]) * LONE_RATE
-            self._lone_fit = None
+            self.pace += (seconds / self.lone[tokens] - self.pace) * PACE_RATE
+            if tokens != min(self.lone):
+                self.lone[tokens] += (seconds / self.pace - self.lone[tokens]) * SHAPE_RATE
+                self._lone_fit = None
         self._obs.append((tokens, rows, multi, seconds))
         self._since_fit += 1
         if self._since_fit >= 50:

@@ -119,9 +119,31 @@ def test_a_lone_row_is_priced_at_what_was_measured_not_at_the_fit():
     assert measured.step(4, 1) == measured.step(3, 1)  # never cheaper than a shorter forward
     assert measured.step(9, 1) >= measured.step(5, 1)  # beyond the table: the fit, at least the table's top
     assert measured.step(2, 4) == fitted.step(2, 4)  # batches: the fit
-    for _ in range(60):  # the machine slowed down: one-row steps move the table
+    for _ in range(60):  # the machine slowed down: one-row steps move the price
         measured.observe(2, 1, 0.0900)
-    assert measured.lone[2] == pytest.approx(0.0900, abs=0.001)
+    assert measured.step(2, 1) == pytest.approx(0.0900, abs=0.001)
+
+
+def test_a_lone_rows_prices_follow_the_machines_pace_together():
+    # profiled: verifying a draft costs 1.1x a one-token step
+    cost = budget.StepCost(lone={1: 0.030, 2: 0.033, 3: 0.035})
+    drafts = [budget.survival(torch.tensor([0.3]))]
+    assert budget.admit(drafts, base_tokens=1, emitted=1, cost=cost, rows=1) == [1]
+    for _ in range(30):  # slowed down, verifying as the profile said
+        cost.observe(1, 1, 0.045)
+        cost.observe(2, 1, 0.0495)
+    for _ in range(60):  # sped up, and nothing verified meanwhile: no two-token step timed
+        cost.observe(1, 1, 0.025)
+    assert cost.step(1, 1) == pytest.approx(0.025, rel=0.01)
+    # every entry moved with the pace: a draft still costs what the profile said against a step
+    # (entries moved on their own, the two-token one stayed at 49.5 ms, 2x a step, and nothing
+    # was verified again)
+    assert cost.step(2, 1) / cost.step(1, 1) == pytest.approx(1.1, rel=0.05)  # what it learnt while the pace lagged
+    assert budget.admit(drafts, base_tokens=1, emitted=1, cost=cost, rows=1) == [1]
+    for _ in range(200):  # a size that costs more than the profile said is learnt against the unit
+        cost.observe(1, 1, 0.025)
+        cost.observe(3, 1, 0.035)
+    assert cost.step(3, 1) / cost.step(1, 1) == pytest.approx(1.4, rel=0.05)
 
 
 def test_a_lone_row_drafts_when_some_prefix_pays_for_the_jump():
