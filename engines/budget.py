@@ -82,6 +82,7 @@ class StepCost:
         self.a, self.b, self.c, self.d, self.e = a, b, c, d, e
         self.lone: dict[int, float] = dict(lone or {})  # tokens fed by a lone row -> seconds at pace 1
         self.pace = 1.0  # the machine's speed now against the table's: a step's seconds over its entry
+        self._unit = min(self.lone, default=1)  # the entry the others are learnt against
         self._lone_fit: dict[int, float] | None = None  # its monotone fit, remade when the table moves
         self._obs: collections.deque = collections.deque(maxlen=window)
         self._since_fit = 0
@@ -104,7 +105,7 @@ class StepCost:
     def observe(self, tokens: int, rows: int, seconds: float, multi: int = 0) -> None:
         if rows == 1 and tokens in self.lone:
             self.pace += (seconds / self.lone[tokens] - self.pace) * PACE_RATE
-            if tokens != min(self.lone):
+            if tokens != self._unit:
                 self.lone[tokens] += (seconds / self.pace - self.lone[tokens]) * SHAPE_RATE
                 self._lone_fit = None
         self._obs.append((tokens, rows, multi, seconds))
