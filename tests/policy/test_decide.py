@@ -173,16 +173,16 @@ def test_the_guard_counts_rounds_of_evidence_not_drafted_tokens():
     rules = parse_rules("default: {explore: 0.0, guard: {min_acceptance: 0.5, min_samples: 20, reprobe: 0.0}}")
     base = RequestFeatures(category="chat", temperature=0.0, top_p=1.0, prompt_tokens=50,
                            expected_output_tokens=200, copy_signal=0.9)
-    few = decide(base.__class__(**{**base.__dict__, "rolling_acceptance": {"ngram": (0.1, 3.0)}}),
-                 rules, prior_model(), random.Random(0), ArmMenu(("ngram",), 1, 8))
-    many = decide(base.__class__(**{**base.__dict__, "rolling_acceptance": {"ngram": (0.1, 20.0)}}),
-                  rules, prior_model(), random.Random(0), ArmMenu(("ngram",), 1, 8))
+    menu = ArmMenu(("ngram",), 1, 8)
+    few = decide(dataclasses.replace(base, rolling_acceptance={"ngram": (0.1, 3.0)}),
+                 rules, prior_model(), random.Random(0), menu)
+    many = decide(dataclasses.replace(base, rolling_acceptance={"ngram": (0.1, 20.0)}),
+                  rules, prior_model(), random.Random(0), menu)
     assert "guard" not in few.reason
     assert many.arm.is_plain and "guard" in many.reason
     # a request that asks for the guarded draft gets it: the guard steers the policy, not the client
-    asked = decide(base.__class__(**{**base.__dict__, "rolling_acceptance": {"ngram": (0.1, 20.0)},
-                                     "requested_arm": "ngram:8"}), rules, prior_model(), random.Random(0),
-                   ArmMenu(("ngram",), 1, 8))
+    asked = decide(dataclasses.replace(base, rolling_acceptance={"ngram": (0.1, 20.0)}, requested_arm="ngram:8"),
+                   rules, prior_model(), random.Random(0), menu)
     assert asked.arm == Arm("ngram", 8) and asked.source == "request"
 
 
