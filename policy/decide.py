@@ -105,7 +105,7 @@ def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None,
         z = _DRAWS[:, j % _DRAWS.shape[1]] if strength > 0 else _MEAN_ONLY
         logit = np.minimum(np.maximum(mean + strength * sd * z, -30.0), 30.0)  # ufuncs: np.clip costs more
         alpha = 1.0 / (1.0 + np.exp(-logit))
-        table = speed_table(m, alpha, features, max(a.gamma for a in group))  # [1 + draws, γ_max]
+        table = speed_table(m, alpha, features, max(a.gamma for a in group), m.coverage(x))  # [1 + draws, γ_max]
         at_mean = table[0].tolist()
         offset = sum(b.shape[1] for b in blocks)
         for a in group:

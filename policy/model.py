@@ -8,14 +8,21 @@ Structure (it generalises to drafts, γ bounds and loads seldom tried):
                         code, script, turns, lengths), with the Laplace
                         posterior covariance of its coefficients: the
                         uncertainty that drives exploration;
+    q(draft | x)        coverage: the share of rounds that verify a draft at
+                        all (prompt lookup finds no match, or the engine judges
+                        the draft not worth verifying, in most rounds at T=1);
+                        a logistic regression over the same features, learnt
+                        once a draft has telemetry (the prior's α already
+                        counts every round, so it keeps q = 1);
     c(draft, k, load)   cost of a round that verifies k drafted tokens, in
                         plain decode steps: 1 + a + b·k + e·k·load (at high load
                         verification competes for compute already saturated);
-    τ(α, k) = (1 − α^(k+1)) / (1 − α)   expected tokens per round;
-    speedup(draft, γ)   = max over k ≤ γ of L / (L · c / τ + o): the engine
-                        adapts k per round within the bound γ (engines/budget.py),
-                        o is the draft's one-off cost per request (e.g. a model
-                        draft reading the prompt), so short answers stay plain.
+    τ(α, k) = (1 − α^(k+1)) / (1 − α)   expected tokens per verifying round;
+    speedup(draft, γ)   = max over k ≤ γ of L / (L · c(q·k) / (q·τ + 1 − q) + o):
+                        the engine adapts k per round within the bound γ
+                        (engines/budget.py), a round that verifies nothing yields
+                        one token, o is the draft's one-off cost per request (e.g.
+                        a model draft reading the prompt), so short answers stay plain.
 
 Plain decoding is 1.0 by definition. With no telemetry the prior below applies.
 Stored as JSON: coefficients only, nothing executable.
@@ -71,9 +78,11 @@ class DraftModel:
     overhead_steps: float = 0.0  # fixed cost per request, in plain steps
     overhead_per_prompt_token: float = 0.0
     samples: int = 0  # rounds of telemetry behind the fit (0 = prior)
+    coverage_coef: list[float] | None = None  # logit of the share of rounds that verify; None: every round
 
     def __post_init__(self):
         self._w = np.asarray(self.accept_coef, dtype=np.float64)
+        self._q = None if self.coverage_coef is None else np.asarray(self.coverage_coef, dtype=np.float64)
         n = len(self.accept_coef)
         self._cov = (np.asarray(self.accept_cov, dtype=np.float64).reshape(n, n) if self.accept_cov is not None
                      else np.eye(n) * (PRIOR_LOGIT_SD ** 2 / 4))
@@ -86,6 +95,10 @@ class DraftModel:
     def alpha(self, f: RequestFeatures) -> float:
         return sigmoid(self.logit(acceptance_features(f))[0])
 
+    def coverage(self, x: np.ndarray) -> float:
+        """Share of rounds that verify a draft, at features x."""
+        return 1.0 if self._q is None else sigmoid(float(x @ self._q))
+
     def round_cost(self, k, load: int):
         """In plain steps, for k tokens verified (an int, or an array of them)."""
         a, b, e = self.cost_coef
@@ -97,7 +110,7 @@ class DraftModel:
     def to_dict(self) -> dict:
         return {"accept_coef": self.accept_coef, "accept_cov": self.accept_cov, "cost_coef": self.cost_coef,
                 "overhead_steps": self.overhead_steps, "overhead_per_prompt_token": self.overhead_per_prompt_token,
-                "samples": self.samples}
+                "samples": self.samples, "coverage_coef": self.coverage_coef}
 
 
 def sigmoid(z: float) -> float:
@@ -166,9 +179,10 @@ class PolicyModel:
     def speedups(self, f: RequestFeatures, draft: str, gammas: list[int], logit: float | None = None) -> list[float]:
         """Predicted speedup over plain for each γ bound of one draft (at α's mean, or at `logit`)."""
         m = self.draft(draft)
+        x = acceptance_features(f)
         if logit is None:
-            logit = m.logit(acceptance_features(f))[0]
-        return speedups_at(m, sigmoid(logit), f, gammas)
+            logit = m.logit(x)[0]
+        return speedups_at(m, sigmoid(logit), f, gammas, m.coverage(x))
 
     # storage: plain JSON, nothing executable
     def to_json(self) -> str:
@@ -184,16 +198,16 @@ class PolicyModel:
             raise ValueError(f"not a {FORMAT} artifact")
         drafts = {}
         for name, v in d["drafts"].items():
-            cov = v.get("accept_cov")
+            cov, q = v.get("accept_cov"), v.get("coverage_coef")  # q: absent in models written before it
             if len(v["accept_coef"]) != N_FEATURES or len(v["cost_coef"]) != 3 or (
-                    cov is not None and len(cov) != N_FEATURES ** 2):
+                    cov is not None and len(cov) != N_FEATURES ** 2) or (q is not None and len(q) != N_FEATURES):
                 raise ValueError(f"draft {name!r}: coefficient shapes do not match this version")
-            numbers = list(v["accept_coef"]) + list(v["cost_coef"]) + list(cov or [])
+            numbers = list(v["accept_coef"]) + list(v["cost_coef"]) + list(cov or []) + list(q or [])
             if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in numbers):
                 raise ValueError(f"draft {name!r}: non-finite coefficients")
             drafts[name] = DraftModel(list(v["accept_coef"]), cov, list(v["cost_coef"]),
                                       float(v.get("overhead_steps", 0)), float(v.get("overhead_per_prompt_token", 0)),
-                                      int(v.get("samples", 0)))
+                                      int(v.get("samples", 0)), list(q) if q is not None else None)
         explore = float(d.get("explore", 1.0))
         if not 0 <= explore <= 1:
             raise ValueError("explore must be in [0, 1]")
@@ -201,20 +215,25 @@ class PolicyModel:
         return cls(str(d["version"]), drafts, explore, d.get("metrics", {}), lengths)
 
 
-def speedups_at(m: DraftModel, alpha: float, f: RequestFeatures, gammas: list[int]) -> list[float]:
-    """max over k ≤ γ of L / (L · c(k) / τ(α, k) + o), for each γ (the engine adapts k within the bound)."""
-    table = speed_table(m, np.array([alpha]), f, max(gammas, default=1))[0]
+def speedups_at(m: DraftModel, alpha: float, f: RequestFeatures, gammas: list[int],
+                coverage: float = 1.0) -> list[float]:
+    """The speedup for each γ bound (the engine adapts k within it); see speed_table."""
+    table = speed_table(m, np.array([alpha]), f, max(gammas, default=1), coverage)[0]
     return [float(table[g - 1]) for g in gammas]
 
 
-def speed_table(m: DraftModel, alpha: np.ndarray, f: RequestFeatures, gamma_max: int) -> np.ndarray:
+def speed_table(m: DraftModel, alpha: np.ndarray, f: RequestFeatures, gamma_max: int,
+                coverage: float = 1.0) -> np.ndarray:
     """Speedups for many values of α at once: [len(α), γ_max], entry [i, γ-1] the
-    best over k ≤ γ of L / (L · c(k) / τ(α_i, k) + o)."""
+    best over k ≤ γ of L / (L · c(q·k) / (q·τ(α_i, k) + 1 − q) + o), q the coverage:
+    rounds that verify nothing cost a plain round (c is linear in k, so c(q·k) is the
+    mean round's cost) and yield one token."""
     L = max(f.expected_output_tokens, 1)
     k = np.arange(1, gamma_max + 1)
     a = np.minimum(np.maximum(alpha, 0.0), 1.0 - 1e-9)[:, None]  # ufuncs: np.clip's wrapper costs more
     tau = (1.0 - a ** (k + 1)) / (1.0 - a)  # expected_tokens_per_round, vectorised
-    speed = L / (L * m.round_cost(k, f.load) / tau + m.overhead(f))
+    q = min(max(coverage, 0.0), 1.0)
+    speed = L / (L * m.round_cost(q * k, f.load) / (q * tau + (1.0 - q)) + m.overhead(f))
     return np.maximum.accumulate(speed, axis=1)
 
 

@@ -10,6 +10,10 @@ telemetry/record.py's `OutcomeRecord.training_row()`.
                     and acceptances, with the prior's prediction as a few
                     pseudo-trials per row (so thin data stays near the prior),
                     and the Laplace covariance of the coefficients
+    coverage        the same regression of the share of rounds that verified
+                    a draft (per round: verified something or not); α above is
+                    per verified token, so without it a draft that verifies in
+                    one round of five is priced as if it verified in all
     cost per draft  scikit-learn's non-negative ridge regression of the round
                     cost (seconds per round over the plain step at that load)
                     on the tokens verified per round and their product with the
@@ -25,6 +29,7 @@ one tenant's flood of unusual traffic cannot outvote everyone else's.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import Counter, defaultdict
@@ -41,8 +46,6 @@ from policy.model import (
     draft_kind,
     expected_tokens_per_round,
     prior_draft,
-    sigmoid,
-    speedups_at,
 )
 
 MIN_ROWS_PER_DRAFT = 30
@@ -68,6 +71,7 @@ class TrainingRow:
     trials: int = 0  # draft tokens tried: verified up to and including the first rejection
     accepted: int = 0
     verified: int = 0  # draft tokens sent to verification
+    verifying_rounds: int | None = None  # rounds that verified a draft; None: not known for every round
 
     @property
     def load(self) -> int:
@@ -143,6 +147,26 @@ def fit_acceptance(rows: list[TrainingRow], weights: list[float], prior: DraftMo
                       prior.overhead_per_prompt_token, int(succ.sum() + fail.sum()))
 
 
+def fit_coverage(rows: list[TrainingRow], weights: list[float]) -> list[float] | None:
+    """Logistic regression of whether a round verified a draft, on the request's
+    features; None while fewer than MIN_ROWS_PER_DRAFT rows know it for every round."""
+    from sklearn.linear_model import LogisticRegression
+
+    known = [(r, w) for r, w in zip(rows, weights) if r.verifying_rounds is not None]
+    if len(known) < MIN_ROWS_PER_DRAFT:
+        return None
+    x = np.array([acceptance_features(r.features) for r, _ in known])
+    pos = np.array([r.verifying_rounds * w for r, w in known], dtype=float)
+    neg = np.array([(r.rounds - r.verifying_rounds) * w for r, w in known], dtype=float)
+    if pos.sum() <= 0 or neg.sum() <= 0:  # one class only: a constant share, no slope to learn
+        share = min(max(pos.sum() / max(pos.sum() + neg.sum(), 1e-9), 1e-3), 1 - 1e-3)
+        return [0.0] * (x.shape[1] - 1) + [math.log(share / (1 - share))]
+    lr = LogisticRegression(C=1.0, max_iter=500).fit(
+        np.vstack([x, x])[:, :-1], np.concatenate([np.ones(len(x)), np.zeros(len(x))]),
+        sample_weight=np.concatenate([pos, neg]))
+    return np.append(lr.coef_[0], lr.intercept_[0]).tolist()
+
+
 def fit_cost(rows: list[TrainingRow], weights: list[float], step: np.ndarray, prior: DraftModel) -> list[float]:
     """Round cost in plain steps: 1 + a + b·k + e·k·load, k = tokens verified per round."""
     from sklearn.linear_model import Ridge
@@ -184,7 +208,7 @@ def fit(rows: list[TrainingRow], version: str | None = None, explore: float = 1.
         rs, ws = [r for r, _ in items], [w for _, w in items]
         m = fit_acceptance(rs, ws, prior)
         m.cost_coef = fit_cost(rs, ws, step, prior)
-        drafts[name] = m
+        drafts[name] = dataclasses.replace(m, coverage_coef=fit_coverage(rs, ws))
     lengths: dict[str, list[int]] = defaultdict(list)
     for r in rows:
         lengths[r.features.category].append(r.output_tokens)
@@ -203,10 +227,7 @@ def observed_speed(row: TrainingRow, step: np.ndarray) -> float:
 
 
 def predicted(model: PolicyModel, f: RequestFeatures, arm: Arm) -> float:
-    if arm.is_plain:
-        return 1.0
-    m = model.draft(arm.draft)
-    return speedups_at(m, sigmoid(m.logit(acceptance_features(f))[0]), f, [arm.gamma])[0]
+    return 1.0 if arm.is_plain else model.speedups(f, arm.draft, [arm.gamma])[0]
 
 
 def greedy_arm(model: PolicyModel, f: RequestFeatures, arms: list[Arm]) -> Arm:

@@ -156,14 +156,18 @@ class OutcomeRecord:
         r = self.result
         if r.rounds <= 0 or r.decode_s <= 0 or r.output_tokens <= 0:
             return None
-        trials = accepted = verified = 0
+        trials = accepted = verified = verifying = 0
+        covered = False  # every round's verification known: the share of rounds that verified is learnt from it
         if r.acceptance_source == "measured":  # per round: tried up to and including the first rejection
             per_round = r.verified_per_round or r.drafted_per_round
+            covered = len(per_round) == r.rounds
             for v, a in zip(per_round, r.accepted_per_round):
                 if v > 0:
                     trials += a + (1 if a < v else 0)
                     accepted += a
                     verified += v
+                    verifying += 1
         return TrainingRow(features=self.features, arm=self.decision.arm, propensity=self.decision.propensity,
                            output_tokens=r.output_tokens, rounds=r.rounds, decode_s=r.decode_s, tenant=self.tenant,
-                           request_id=self.request_id, trials=trials, accepted=accepted, verified=verified)
+                           request_id=self.request_id, trials=trials, accepted=accepted, verified=verified,
+                           verifying_rounds=verifying if covered else None)

@@ -7,9 +7,10 @@ import random
 import numpy as np
 import pytest
 
+from engines.arms import Arm
 from policy.features import RequestFeatures
-from policy.model import PolicyModel, expected_tokens_per_round, prior_model
-from policy.train import alpha_from_tokens_per_round, fit, greedy_arm, offline_value
+from policy.model import PolicyModel, acceptance_features, expected_tokens_per_round, prior_model
+from policy.train import TrainingRow, alpha_from_tokens_per_round, fit, greedy_arm, offline_value
 from tests.helpers import WORLD_ARMS as ARMS
 from tests.helpers import world_context as context
 from tests.helpers import world_outcomes as simulate
@@ -149,3 +150,53 @@ def test_a_candidate_the_older_rows_cannot_fit_is_said_to_choose_as_the_live_mod
     assert (decision["agreement"], decision["difference"], decision["fit_drafts"], decision["promoted"]) == (
         1.0, 0.0, [], False)
     assert "no draft has" in decision["reason"]
+
+
+def test_a_draft_that_verifies_in_few_rounds_is_priced_by_the_rounds_it_verifies_in():
+    """α is learnt per verified token; at T=1 prompt lookup verifies in one round of
+    five (no match, or a match not worth verifying) and keeps 0.6 of what it
+    verifies. Priced as if every round verified, it looks ~1.5x plain; learnt
+    coverage brings it to what such rounds give."""
+    from policy.model import N_FEATURES, DraftModel
+
+    rng, nrng = random.Random(0), np.random.default_rng(0)
+    cost = DraftModel([0.0] * N_FEATURES)  # the prior's per-token cost: the world's rounds cost c(k)
+    rows = []
+    for _ in range(400):
+        t = rng.choice([0.0, 1.0])
+        f = RequestFeatures(category="qa", temperature=t, top_p=1.0, prompt_tokens=200, expected_output_tokens=200,
+                            copy_signal=0.3)
+        q, k, alpha = (0.9 if t == 0 else 0.2), 4, 0.6
+        rounds = 120
+        verifying = int(nrng.binomial(rounds, q))
+        per = [int(min(nrng.geometric(1 - alpha) - 1, k)) for _ in range(verifying)]  # accepted per verifying round
+        out = 1 + (rounds - verifying) + sum(a + 1 for a in per)
+        secs = 0.05 * ((rounds - verifying) * cost.round_cost(0, 0) + verifying * cost.round_cost(k, 0))
+        trials = sum(a + (1 if a < k else 0) for a in per)
+        rows.append(TrainingRow(f, Arm("ngram", 8), 0.5, out, rounds, secs, trials=trials, accepted=sum(per),
+                                verified=verifying * k, verifying_rounds=verifying))
+        rows.append(TrainingRow(f, Arm(), 0.5, 120, 119, 119 * 0.05))
+    hot = RequestFeatures(category="qa", temperature=1.0, top_p=1.0, prompt_tokens=200, expected_output_tokens=200,
+                          copy_signal=0.3)
+    truth = np.mean([r.output_tokens / r.decode_s * 0.05 for r in rows
+                     if r.features.temperature == 1.0 and not r.arm.is_plain])
+    learnt = fit(rows).speedup(hot, "ngram", 8)
+    blind = fit([dataclasses.replace(r, verifying_rounds=None) for r in rows]).speedup(hot, "ngram", 8)
+    assert fit(rows).draft("ngram").coverage(acceptance_features(hot)) == pytest.approx(0.2, abs=0.05)
+    assert learnt == pytest.approx(truth, rel=0.08), (learnt, truth)
+    assert blind > 1.25 * truth, (blind, truth)  # without coverage: every round priced as a verifying one
+
+
+def test_a_model_written_before_coverage_still_loads_and_prices_every_round_as_verifying(trained):
+    import json
+
+    d = json.loads(trained.to_json())
+    for v in d["drafts"].values():
+        v.pop("coverage_coef")
+    old = PolicyModel.from_json(json.dumps(d))
+    f = context(random.Random(4))
+    assert old.draft("ngram").coverage(acceptance_features(f)) == 1.0
+    assert old.speedup(f, "ngram", 4) == trained.speedup(f, "ngram", 4)
+    d["drafts"]["ngram"]["coverage_coef"] = [0.0] * 3
+    with pytest.raises(ValueError, match="shapes"):
+        PolicyModel.from_json(json.dumps(d))

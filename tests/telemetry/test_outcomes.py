@@ -70,6 +70,19 @@ def test_the_guard_counts_acceptance_per_verified_token(rclient):
     assert read_table(rclient)[("t", "summarization")]["ngram"] == (0.75, 8)
 
 
+def test_a_training_row_says_how_many_rounds_verified_only_when_every_round_is_known():
+    f = RequestFeatures(category="qa", temperature=1.0, top_p=1.0, prompt_tokens=30, expected_output_tokens=20,
+                        copy_signal=0.1)
+    d = Decision(Arm("ngram", 8), "policy", None, "prior", "r")
+    per_round = dict(drafted_per_round=[3, 0, 2, 0, 4], verified_per_round=[2, 0, 0, 0, 1],
+                     accepted_per_round=[2, 0, 0, 0, 0])
+    st = GenerationStats(arm="ngram:8", output_tokens=8, rounds=5, total_s=0.5, prefill_s=0.1, **per_round)
+    row = OutcomeRecord.of("c1", "t", "local", f, d, st, 0.1).training_row()
+    assert (row.verifying_rounds, row.verified, row.accepted, row.trials) == (2, 3, 2, 3)
+    partial = GenerationStats(arm="ngram:8", output_tokens=8, rounds=7, total_s=0.5, prefill_s=0.1, **per_round)
+    assert OutcomeRecord.of("c2", "t", "local", f, d, partial, 0.1).training_row().verifying_rounds is None
+
+
 def test_records_of_schema_1_are_still_read():
     old = {"schema": 1, "request_id": "o1", "tenant": "", "engine": "local",
            "features": {"category": "qa", "temperature": 0.7, "top_p": 1.0, "prompt_tokens": 9,
