@@ -124,22 +124,27 @@ def _trials(r: TrainingRow) -> tuple[float, float]:
     return a * n, (1 - a) * n
 
 
-def fit_acceptance(rows: list[TrainingRow], weights: list[float], prior: DraftModel) -> DraftModel:
-    """Logistic regression of per-token acceptance on the request's features."""
+def _logistic(x: np.ndarray, pos: np.ndarray, neg: np.ndarray, c: float = 1.0) -> np.ndarray:
+    """Coefficients of scikit-learn's regularised logistic regression on counts: `pos`
+    successes and `neg` failures at each row of x, whose last column is the intercept."""
     from sklearn.linear_model import LogisticRegression
 
+    xx = np.vstack([x, x])[:, :-1]  # sklearn fits its own intercept
+    yy = np.concatenate([np.ones(len(x)), np.zeros(len(x))])
+    lr = LogisticRegression(C=c, max_iter=500).fit(xx, yy, sample_weight=np.concatenate([pos, neg]))
+    return np.append(lr.coef_[0], lr.intercept_[0])
+
+
+def fit_acceptance(rows: list[TrainingRow], weights: list[float], prior: DraftModel) -> DraftModel:
+    """Logistic regression of per-token acceptance on the request's features."""
     x = np.array([acceptance_features(r.features) for r in rows])
     prior_alpha = 1.0 / (1.0 + np.exp(-(x @ np.asarray(prior.accept_coef))))
     succ, fail = np.array([_trials(r) for r in rows]).T
     w = np.asarray(weights)
     pos = (succ + PRIOR_TRIALS * prior_alpha) * w
     neg = (fail + PRIOR_TRIALS * (1 - prior_alpha)) * w
-    xx = np.vstack([x, x])[:, :-1]  # sklearn fits its own intercept
-    yy = np.concatenate([np.ones(len(x)), np.zeros(len(x))])
-    ww = np.concatenate([pos, neg])
     c = 1.0
-    lr = LogisticRegression(C=c, max_iter=500).fit(xx, yy, sample_weight=ww)
-    coef = np.append(lr.coef_[0], lr.intercept_[0])
+    coef = _logistic(x, pos, neg, c)
     p = 1.0 / (1.0 + np.exp(-(x @ coef)))
     hess = (x * ((pos + neg) * p * (1 - p))[:, None]).T @ x + np.diag([1.0 / c] * (x.shape[1] - 1) + [1e-6])
     cov = np.linalg.inv(hess)
@@ -150,8 +155,6 @@ def fit_acceptance(rows: list[TrainingRow], weights: list[float], prior: DraftMo
 def fit_coverage(rows: list[TrainingRow], weights: list[float]) -> list[float] | None:
     """Logistic regression of whether a round verified a draft, on the request's
     features; None while fewer than MIN_ROWS_PER_DRAFT rows know it for every round."""
-    from sklearn.linear_model import LogisticRegression
-
     known = [(r, w) for r, w in zip(rows, weights) if r.verifying_rounds is not None]
     if len(known) < MIN_ROWS_PER_DRAFT:
         return None
@@ -161,10 +164,7 @@ def fit_coverage(rows: list[TrainingRow], weights: list[float]) -> list[float] |
     if pos.sum() <= 0 or neg.sum() <= 0:  # one class only: a constant share, no slope to learn
         share = min(max(pos.sum() / max(pos.sum() + neg.sum(), 1e-9), 1e-3), 1 - 1e-3)
         return [0.0] * (x.shape[1] - 1) + [math.log(share / (1 - share))]
-    lr = LogisticRegression(C=1.0, max_iter=500).fit(
-        np.vstack([x, x])[:, :-1], np.concatenate([np.ones(len(x)), np.zeros(len(x))]),
-        sample_weight=np.concatenate([pos, neg]))
-    return np.append(lr.coef_[0], lr.intercept_[0]).tolist()
+    return _logistic(x, pos, neg).tolist()
 
 
 def fit_cost(rows: list[TrainingRow], weights: list[float], step: np.ndarray, prior: DraftModel) -> list[float]:

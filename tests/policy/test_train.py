@@ -180,9 +180,10 @@ def test_a_draft_that_verifies_in_few_rounds_is_priced_by_the_rounds_it_verifies
                           copy_signal=0.3)
     truth = np.mean([r.output_tokens / r.decode_s * 0.05 for r in rows
                      if r.features.temperature == 1.0 and not r.arm.is_plain])
-    learnt = fit(rows).speedup(hot, "ngram", 8)
+    model = fit(rows)
+    learnt = model.speedup(hot, "ngram", 8)
     blind = fit([dataclasses.replace(r, verifying_rounds=None) for r in rows]).speedup(hot, "ngram", 8)
-    assert fit(rows).draft("ngram").coverage(acceptance_features(hot)) == pytest.approx(0.2, abs=0.05)
+    assert model.draft("ngram").coverage(acceptance_features(hot)) == pytest.approx(0.2, abs=0.05)
     assert learnt == pytest.approx(truth, rel=0.08), (learnt, truth)
     assert blind > 1.25 * truth, (blind, truth)  # without coverage: every round priced as a verifying one
 
