@@ -93,20 +93,27 @@ def run_level(engine: BuiltinEngine, prompts, arm: str, concurrency: int, per_cl
 
 
 def summarise(results: list[dict], arms: list[str], levels: list[int]) -> dict:
-    """Per level and arm: mean tok/s, mean p99, and the throughput ratio to the
-    first arm as [mean, low, high] over repeats (each repeat's ratio paired in time)."""
+    """Per level and arm: mean tok/s, mean p99, and the throughput and p99 ratios
+    to the first arm as [mean, low, high] over repeats (each repeat's ratio paired
+    in time)."""
     out: dict = {}
     for c in levels:
         runs = [r for r in results if r["concurrency"] == c]
-        base = {r["repeat"]: r["tok_s"] for r in runs if r["arm"] == arms[0]}
+        base = {r["repeat"]: r for r in runs if r["arm"] == arms[0]}
         out[c] = {}
         for a in arms:
             mine = [r for r in runs if r["arm"] == a]
-            ratios = [r["tok_s"] / base[r["repeat"]] for r in mine if base.get(r["repeat"])]
             out[c][a] = dict(tok_s=statistics.mean(r["tok_s"] for r in mine),
                              p99_s=statistics.mean(r["p99_s"] for r in mine if r["p99_s"] is not None),
-                             ratio=repeats_interval(ratios) if ratios else [float("nan")] * 3)
+                             ratio=_paired(mine, base, "tok_s"), p99_ratio=_paired(mine, base, "p99_s"))
     return out
+
+
+def _paired(mine: list[dict], base: dict[int, dict], key: str) -> list[float]:
+    """An arm's `key` over the first arm's in the same repeat, as an interval over repeats."""
+    ratios = [r[key] / base[r["repeat"]][key] for r in mine
+              if r["repeat"] in base and r[key] and base[r["repeat"]][key]]
+    return repeats_interval(ratios) if ratios else [float("nan")] * 3
 
 
 def _interval(iv: list[float]) -> str:
@@ -181,6 +188,8 @@ def main(args) -> int:
     for arm in args.arms[1:]:
         verdicts = {c: verdict(summary[c][arm]["ratio"], TARGET) for c in args.levels}
         print(f"{arm}: >= {TARGET}x plain at " + ", ".join(f"c={c} {v}" for c, v in verdicts.items()))
+        print(f"{arm}: p99 over plain's at " + ", ".join(f"c={c} {_interval(summary[c][arm]['p99_ratio'])}"
+                                                       for c in args.levels))
     base = {c: summary[c][args.arms[0]]["tok_s"] for c in args.levels}
     if 1 in base and 8 in base:
         print(f"plain throughput, concurrency 8 / 1: {base[8] / base[1]:.2f}x")

@@ -56,6 +56,7 @@ class Running:
     fixed: bool = False  # verify the full γ every round (no adaptation)
     acceptance: budget.AcceptanceEstimate = field(default_factory=budget.AcceptanceEstimate)
     bias: budget.RequestBias = field(default_factory=budget.RequestBias)  # scales calibrated estimates
+    slowdown: budget.Slowdown = field(default_factory=budget.Slowdown)  # under max_stretch: what others may cost it
     prefilled: int = 0
     out_ids: list[int] = field(default_factory=list)
     finish: str | None = None  # stop, length, cancelled, error
@@ -80,6 +81,7 @@ class Plan:
     take: int = 0  # prefill tokens, or drafts verified
     proposal: Proposal | None = None
     drafted: int = 0
+    accepted: int = 0
 
 
 class Scheduler:
@@ -91,7 +93,7 @@ class Scheduler:
         self.kv_budget, self.max_batch, self.prefill_chunk = kv_budget_tokens, max_batch, prefill_chunk
         self.cost = cost or budget.StepCost()
         self.adaptive = adaptive  # False: verify every drafted token (fixed γ, the pre-budget behaviour)
-        self.max_stretch = max_stretch  # bound on verification's share of a shared step (None: none)
+        self.max_stretch = max_stretch  # bound on what others' speculation may cost a request (None: none)
         self.calibration = budget.Calibration()
         self.waiting: deque = deque()  # handles, FIFO
         self.running: list[Running] = []
@@ -99,6 +101,8 @@ class Scheduler:
         self.last_step_tokens = 0
         self.step_s = 0.0
         self._load = (0, 0, 0)  # this step's decoding (tokens, rows, emitted) before drafts: what drafting aims at
+        self._room: float | None = None  # seconds drafting and verification may add to this step (None: unbounded)
+        self._base = (0.0, 0.0)  # this step's seconds without drafting or verification, and as a decode step
         self.drafting_s: dict[str, float] = {}  # per draft: measured seconds per drafted token
 
     # admission
@@ -150,9 +154,11 @@ class Scheduler:
         # it (or in the last one) makes every draft look cheap against a long, low-yield step,
         # while what an accepted token saves is a row's share of a decode step
         self._load = (len(decoding), sum(r.finish is None for r in self.running), len(decoding))
+        self._room = budget.room(self.max_stretch, [r.slowdown.balance for r in self.running if r.finish is None],
+                                 self.cost.step(*self._load[:2]))
         proposals = self._propose(decoding)
         t1 = time.perf_counter()
-        plans = self._plan(proposals)
+        plans = self._plan(proposals, t1 - t0)
         if not plans:
             return
         items = [self._item(p) for p in plans]
@@ -168,14 +174,20 @@ class Scheduler:
         for plan, logits, st in zip(plans, outs, states):
             self._apply(plan, logits, st, t0, t1, t2)
         sizes = [it[0].shape[0] for it in items]
-        tokens, rows = sum(sizes), len(items)
-        self.cost.observe(tokens, rows, t2 - t1, sum(n > 1 for n in sizes))
+        tokens, rows, multi = sum(sizes), len(items), sum(n > 1 for n in sizes)
+        if self._room is not None:
+            # what drafting (timed) and verification (priced) added to a step every row waited for
+            added = max(self.cost.step(tokens, rows, multi) - self._base[0], 0.0) + (t1 - t0)
+            for p in plans:
+                p.row.slowdown.settle(self.max_stretch, *self._base, p.accepted, added)
+        self.cost.observe(tokens, rows, t2 - t1, multi)
         self.last_step_tokens = tokens
         self.step_s = 0.8 * self.step_s + 0.2 * (time.perf_counter() - t0) if self.step_s else time.perf_counter() - t0
         self._retire()
 
-    def _plan(self, proposals: dict[int, Proposal]) -> list[Plan]:
-        """Prefill chunks, then the verification budget over the decoding rows."""
+    def _plan(self, proposals: dict[int, Proposal], drafting_s: float) -> list[Plan]:
+        """Prefill chunks, then the verification budget over the decoding rows
+        (within what is left of the step's room once drafting took `drafting_s`)."""
         plans: list[Plan] = []
         prefill_left = self.prefill_chunk
         base_tokens = prefill = chunks = 0  # decoding rows' tokens; prefill chunks' tokens and rows
@@ -198,6 +210,8 @@ class Scheduler:
             if plan.drafted:
                 spec.append(plan)
         emitted = len(plans) - sum(p.kind == "prefill" for p in plans)
+        self._base = (self.cost.step(base_tokens + prefill, len(plans), chunks),
+                      self.cost.step(base_tokens, len(plans)))
         fixed = [p for p in spec if p.row.fixed]  # verified whole, whatever the load
         adapt = [p for p in spec if not p.row.fixed]
         for p in fixed:
@@ -205,8 +219,12 @@ class Scheduler:
             base_tokens += p.drafted
             emitted += sum(self._survival(p))
         if adapt:
+            room = None if self._room is None else max(self._room - drafting_s, 0.0)
+            # under a bound the poorest rows go first: a row whose drafts are never verified never
+            # earns, and its balance would hold the whole batch's room down for good
+            first = None if room is None else [p.row.slowdown.balance for p in adapt]
             takes = budget.admit([self._survival(p) for p in adapt], base_tokens, round(emitted), self.cost,
-                                 len(plans), self.max_stretch, prefill, chunks, len(fixed))
+                                 len(plans), room, prefill, chunks, len(fixed), first)
             for p, k in zip(adapt, takes):
                 if k > 0:
                     p.kind, p.take, p.proposal = "verify", k, p.proposal.truncate(k)
@@ -244,6 +262,7 @@ class Scheduler:
         if p.kind == "verify":
             k = p.take
             n, emitted = verify(logits, p.proposal, r.sampling, r.generator)
+            p.accepted = n
             rollback(r.cache, k, n)
             if wants_states:
                 r.proposer.observe_states(states[: n + 1])  # the last token and the accepted drafts
@@ -281,9 +300,9 @@ class Scheduler:
             if not r.fixed:
                 # the least survival worth drafting and verifying at the last step's load
                 drafting = self.drafting_s.get(r.draft, 0.0)
-                k = budget.stretch_room(self.cost, *self._load[:2], self.max_stretch, drafting, k)
+                k = budget.stretch_room(self.cost, *self._load[:2], self._room, drafting, k)
                 if k <= 0:
-                    continue  # the stretch bound leaves no room to verify anything: a plain round
+                    continue  # the bound leaves no room to verify anything: a plain round
                 least = budget.threshold(self.cost, *self._load, drafting)
                 if r.proposer.drafting_costs and not budget.worth_drafting(r.acceptance.value, k, self.cost,
                                                                            *self._load, drafting):

@@ -20,6 +20,14 @@ def test_ratios_are_paired_within_a_repeat_and_intervals_span_the_repeats():
     assert low < 0.9 < 0.95 < high
     assert s["plain"]["ratio"][0] == 1.0
     assert s["ngram:8"]["tok_s"] == (90 + 45 + 76) / 3
+    assert s["ngram:8"]["p99_ratio"][0] == 1.0  # every repeat's tail equal to plain's
+
+
+def test_the_tail_is_compared_with_plains_in_the_same_repeat():
+    results = [_run("plain", 16, 0, 100.0, p99=4.0), _run("ngram:8", 16, 0, 100.0, p99=5.0),
+               _run("plain", 16, 1, 100.0, p99=8.0), _run("ngram:8", 16, 1, 100.0, p99=10.0)]
+    point, low, high = summarise(results, ["plain", "ngram:8"], [16])[16]["ngram:8"]["p99_ratio"]
+    assert point == 1.25 and low == high == 1.25  # 25% above plain's in both, though plain's moved 2x
 
 
 def test_one_repeat_has_a_point_and_no_interval():
