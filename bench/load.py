@@ -7,9 +7,10 @@ bound by reading the weights and verifying a few extra tokens is nearly free;
 at high load the batch already saturates compute and verification competes for
 it), and what the engine's per-step verification budget makes of the same
 drafts: modes are `plain`, `DRAFT:G` (adaptive up to G) and `DRAFT:G/fixed`;
-`MODE@S` runs a mode with the engine's `max_step_stretch` at S (verification may
-lengthen a shared step by at most that share), so the latency bound is compared
-with the unbounded budget in the same run.
+`MODE@S` runs a mode with the engine's `max_step_stretch` at S (others'
+speculation may make a request at most that share slower than plain; `@none`:
+unbounded), so the latency bound is compared with the unbounded budget in the
+same run.
 """
 
 from __future__ import annotations
@@ -53,8 +54,12 @@ def load_prompts(path: Path, engine: BuiltinEngine, max_prompt_tokens: int,
 
 
 def stretch_of(mode: str, default: float | None) -> float | None:
-    """`ngram:8@0.05`: the mode with the engine's max_step_stretch at 0.05 (its config's without `@`)."""
-    return float(mode.split("@")[1]) if "@" in mode else default
+    """`ngram:8@0.05`: the mode with the engine's max_step_stretch at 0.05, `@none`
+    unbounded (its config's without `@`)."""
+    if "@" not in mode:
+        return default
+    bound = mode.split("@")[1]
+    return None if bound == "none" else float(bound)
 
 
 def run_level(engine: BuiltinEngine, prompts, arm: str, concurrency: int, per_client: int,
@@ -208,7 +213,8 @@ def add_arguments(p) -> None:
 
     p.add_argument("--data", default=str(default_data_path()), help="Spec-Bench JSONL (default: %(default)s)")
     p.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS),
-                   help="modes: plain, DRAFT:G (adaptive) or DRAFT:G/fixed, each optionally @S (max_step_stretch S); "
+                   help="modes: plain, DRAFT:G (adaptive) or DRAFT:G/fixed, each optionally @S (max_step_stretch S, "
+                        "@none: unbounded); "
                         "the first is the baseline")
     p.add_argument("--config", help="engine config YAML (default: built-in SmolLM2 config)")
     p.add_argument("--levels", nargs="+", type=int, default=list(DEFAULT_LEVELS), help="concurrency levels")

@@ -156,9 +156,11 @@ class Scheduler:
         self._load = (len(decoding), sum(r.finish is None for r in self.running), len(decoding))
         self._room = budget.room(self.max_stretch, [r.slowdown.balance for r in self.running if r.finish is None],
                                  self.cost.step(*self._load[:2]))
+        tp = time.perf_counter()
         proposals = self._propose(decoding)
         t1 = time.perf_counter()
-        plans = self._plan(proposals, t1 - t0)
+        drafting_s = t1 - tp
+        plans = self._plan(proposals, drafting_s)
         if not plans:
             return
         items = [self._item(p) for p in plans]
@@ -177,7 +179,7 @@ class Scheduler:
         tokens, rows, multi = sum(sizes), len(items), sum(n > 1 for n in sizes)
         if self._room is not None:
             # what drafting (timed) and verification (priced) added to a step every row waited for
-            added = max(self.cost.step(tokens, rows, multi) - self._base[0], 0.0) + (t1 - t0)
+            added = max(self.cost.step(tokens, rows, multi) - self._base[0], 0.0) + drafting_s
             for p in plans:
                 p.row.slowdown.settle(self.max_stretch, *self._base, p.accepted, added)
         self.cost.observe(tokens, rows, t2 - t1, multi)

@@ -41,5 +41,6 @@ def test_a_mode_names_its_step_stretch_or_keeps_the_configured_one():
     from bench.load import stretch_of
 
     assert stretch_of("ngram:8@0.05", None) == 0.05
+    assert stretch_of("ngram:8@none", 0.03) is None
     assert stretch_of("eagle:6", 0.2) == 0.2
     assert stretch_of("plain", None) is None
