@@ -65,6 +65,7 @@ def stretch_of(mode: str, default: float | None) -> float | None:
 def run_level(engine: BuiltinEngine, prompts, arm: str, concurrency: int, per_client: int,
               max_tokens: int, offset: int) -> dict:
     lat, tokens, errors = [], [], []
+    slots: dict[str, list] = {}  # "client-j" (the same prompt for every arm in a repeat) -> [latency, accepted]
     lock = threading.Lock()
 
     def client(c: int):
@@ -82,6 +83,7 @@ def run_level(engine: BuiltinEngine, prompts, arm: str, concurrency: int, per_cl
             with lock:
                 lat.append(time.perf_counter() - t0)
                 tokens.append(res.stats.output_tokens)
+                slots[f"{c}-{j}"] = [lat[-1], res.stats.accepted]
 
     engine.set_max_step_stretch(stretch_of(arm, engine.config.max_step_stretch))
     t0 = time.perf_counter()
@@ -94,13 +96,16 @@ def run_level(engine: BuiltinEngine, prompts, arm: str, concurrency: int, per_cl
     lat.sort()
     return dict(arm=arm, concurrency=concurrency, requests=len(lat), tokens=sum(tokens), wall_s=wall,
                 tok_s=sum(tokens) / wall, p50_s=statistics.median(lat) if lat else None,
-                p99_s=lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else None, errors=errors)
+                p99_s=lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else None, errors=errors, slots=slots)
 
 
 def summarise(results: list[dict], arms: list[str], levels: list[int]) -> dict:
     """Per level and arm: mean tok/s, mean p99, and the throughput and p99 ratios
     to the first arm as [mean, low, high] over repeats (each repeat's ratio paired
-    in time)."""
+    in time); and `bystanders`: over the requests none of whose drafts were
+    accepted, latency over the first arm's on the same prompt and slot in the same
+    repeat, [mean, low, high] over those requests (what others' speculation cost
+    the requests it did not speed up)."""
     out: dict = {}
     for c in levels:
         runs = [r for r in results if r["concurrency"] == c]
@@ -110,7 +115,8 @@ def summarise(results: list[dict], arms: list[str], levels: list[int]) -> dict:
             mine = [r for r in runs if r["arm"] == a]
             out[c][a] = dict(tok_s=statistics.mean(r["tok_s"] for r in mine),
                              p99_s=statistics.mean(r["p99_s"] for r in mine if r["p99_s"] is not None),
-                             ratio=_paired(mine, base, "tok_s"), p99_ratio=_paired(mine, base, "p99_s"))
+                             ratio=_paired(mine, base, "tok_s"), p99_ratio=_paired(mine, base, "p99_s"),
+                             bystanders=_bystanders(mine, base))
     return out
 
 
@@ -118,6 +124,15 @@ def _paired(mine: list[dict], base: dict[int, dict], key: str) -> list[float]:
     """An arm's `key` over the first arm's in the same repeat, as an interval over repeats."""
     ratios = [r[key] / base[r["repeat"]][key] for r in mine
               if r["repeat"] in base and r[key] and base[r["repeat"]][key]]
+    return repeats_interval(ratios) if ratios else [float("nan")] * 3
+
+
+def _bystanders(mine: list[dict], base: dict[int, dict]) -> list[float]:
+    ratios = []
+    for r in mine:
+        theirs = base.get(r["repeat"], {}).get("slots", {})
+        ratios += [lat / theirs[k][0] for k, (lat, accepted) in r.get("slots", {}).items()
+                   if accepted == 0 and k in theirs]
     return repeats_interval(ratios) if ratios else [float("nan")] * 3
 
 
@@ -195,6 +210,8 @@ def main(args) -> int:
         print(f"{arm}: >= {TARGET}x plain at " + ", ".join(f"c={c} {v}" for c, v in verdicts.items()))
         print(f"{arm}: p99 over plain's at " + ", ".join(f"c={c} {_interval(summary[c][arm]['p99_ratio'])}"
                                                        for c in args.levels))
+        print(f"{arm}: requests with no accepted draft, latency over plain's on the same prompt at "
+              + ", ".join(f"c={c} {_interval(summary[c][arm]['bystanders'])}" for c in args.levels))
     base = {c: summary[c][args.arms[0]]["tok_s"] for c in args.levels}
     if 1 in base and 8 in base:
         print(f"plain throughput, concurrency 8 / 1: {base[8] / base[1]:.2f}x")

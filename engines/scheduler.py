@@ -173,13 +173,17 @@ class Scheduler:
         else:
             outs, states = self.model.forward_many(items), [None] * len(items)
         t2 = time.perf_counter()
+        judging_s = 0.0  # judging verified drafts (sampling, calibration): every row waits for it too
         for plan, logits, st in zip(plans, outs, states):
+            ta = time.perf_counter()
             self._apply(plan, logits, st, t0, t1, t2)
+            if plan.kind == "verify":
+                judging_s += time.perf_counter() - ta
         sizes = [it[0].shape[0] for it in items]
         tokens, rows, multi = sum(sizes), len(items), sum(n > 1 for n in sizes)
         if self._room is not None:
-            # what drafting (timed) and verification (priced) added to a step every row waited for
-            added = max(self.cost.step(tokens, rows, multi) - self._base[0], 0.0) + drafting_s
+            # what drafting and judging (timed) and verification (priced) added to a step every row waited for
+            added = max(self.cost.step(tokens, rows, multi) - self._base[0], 0.0) + drafting_s + judging_s
             for p in plans:
                 p.row.slowdown.settle(self.max_stretch, *self._base, p.accepted, added)
         self.cost.observe(tokens, rows, t2 - t1, multi)

@@ -44,3 +44,10 @@ def test_a_mode_names_its_step_stretch_or_keeps_the_configured_one():
     assert stretch_of("ngram:8@none", 0.03) is None
     assert stretch_of("eagle:6", 0.2) == 0.2
     assert stretch_of("plain", None) is None
+
+
+def test_bystanders_are_the_requests_that_accepted_nothing_against_plain_on_the_same_slot():
+    plain = _run("plain", 16, 0, 100.0) | dict(slots={"0-0": [4.0, 0], "1-0": [5.0, 0], "2-0": [6.0, 0]})
+    spec = _run("ngram:8", 16, 0, 100.0) | dict(slots={"0-0": [2.0, 30], "1-0": [5.5, 0], "2-0": [6.6, 0]})
+    point, low, high = summarise([plain, spec], ["plain", "ngram:8"], [16])[16]["ngram:8"]["bystanders"]
+    assert point == 1.1 and low == high == 1.1  # the copier (2.0 against 4.0) is not a bystander
