@@ -116,9 +116,9 @@ class EngineConfig(_Strict):
     """Adapt speculation inside the engine: per round, draft only what is likely to be accepted; per
     step, verify only the draft tokens whose expected gain beats their cost at the batch's load
     (engines/budget.py). False: every row verifies its full γ every round."""
-    max_step_stretch: float | None = Field(0.03, ge=0)
+    max_step_stretch: float | None = Field(0.01, ge=0)
     """How much slower than plain decoding others' speculation may make a request it shares steps
-    with, as a share of its time (0.05: 5%). Every row in a step waits for the step's drafting and
+    with, as a share of its time (0.01: 1%). Every row in a step waits for the step's drafting and
     verification; each request keeps an account (credited this share of every shared step and a
     step for each of its own accepted drafts, debited what drafting and verification added) and a
     step may add no more than its poorest row's balance: this bounds the tail latency under load,
