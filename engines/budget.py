@@ -40,12 +40,13 @@ the others' verification in every step it shares with them (in a closed loop
 at concurrency 16, p99 11-18% above plain's at the same throughput). Under a
 bound S, each request keeps an account (`Slowdown`): every shared step credits
 it S of the step without verification, each of its accepted drafts the decode
-step it no longer needs, and debits it what drafting and verification added
-to the step. A step may add no more than its poorest row's balance (its room),
-so no request ends more than about S slower than plain, whoever it shares
-steps with, while rows that all gain may verify freely; a row drafts no more
-than the room leaves to verify: a draft nobody may verify is drafting paid for
-nothing.
+step it no longer needs, and debits it what drafting, verification and judging
+the verified drafts added to the step. A step may add no more than its poorest
+row's balance (its room), whose drafts are admitted first (a row never verified
+never earns), so no request ends more than about S slower than plain, whoever
+it shares steps with, while rows that all gain may verify freely; a row drafts
+no more than the room leaves to verify: a draft nobody may verify is drafting
+paid for nothing.
 """
 
 from __future__ import annotations
@@ -283,7 +284,8 @@ class Slowdown:
     def settle(self, bound: float, step_s: float, decode_s: float, saved: int, added_s: float) -> None:
         """One shared step: `step_s` its seconds without drafting or verification,
         `decode_s` a decode step's (what an accepted draft saves), `saved` this
-        row's accepted drafts, `added_s` what drafting and verification added."""
+        row's accepted drafts, `added_s` what drafting, verification and judging
+        the verified drafts added."""
         self.balance += bound * step_s + saved * decode_s - added_s
 
 
@@ -308,8 +310,8 @@ def admit(survivals: list[list[float]], base_tokens: int, emitted: int, cost: St
     the step emits anyway (one per decoding row). Greedy on expected tokens per
     added second while that beats the batch's decoding rate, and, with
     `room_s`, while verification adds at most that many seconds to a step
-    shared by several rows; `first` (per row, lowest first) puts rows ahead of
-    others whatever their offers, the budget's order within a row and a tier.
+    shared by several rows; with `first` (a value per row), a row with a lower
+    value is served before any with a higher one, whatever their offers.
 
     A row's first verified draft also pays its leaving the one-token path (e),
     so a row is opened with the prefix that brings the most per second, and

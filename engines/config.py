@@ -120,7 +120,7 @@ class EngineConfig(_Strict):
     """How much slower than plain decoding others' speculation may make a request it shares steps
     with, as a share of its time (0.01: 1%). Every row in a step waits for the step's drafting and
     verification; each request keeps an account (credited this share of every shared step and a
-    step for each of its own accepted drafts, debited what drafting and verification added) and a
+    step for each of its own accepted drafts, debited what drafting, verification and judging added) and a
     step may add no more than its poorest row's balance: this bounds the tail latency under load,
     while rows that all gain still verify. None: no bound, the budget maximises the batch's tokens
     per second (on the Intel Xeon no faster than 3% at concurrency 2 to 16, with p99 9-16% above
