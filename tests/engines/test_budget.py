@@ -26,6 +26,11 @@ from tests.helpers import (
 COST = budget.StepCost(a=0.036, b=0.0026, c=0.002)  # SmolLM2 on the 2-core CPU, roughly
 
 
+def verified(results) -> int:
+    """Draft tokens sent to verification over a run's requests."""
+    return sum(sum(r.stats.verified_per_round) for r in results)
+
+
 def test_alone_nearly_every_plausible_draft_is_verified():
     take = budget.admit([budget.survival(torch.tensor([0.6, 0.6, 0.6, 0.6]))], base_tokens=1, emitted=1,
                         cost=COST, rows=1)
@@ -106,9 +111,9 @@ def test_with_no_slowdown_allowed_rows_sharing_every_step_verify_nothing_and_mat
     plain, free, bound = serve("plain", None), serve("ngram:4", None), serve("ngram:4", 0.0)
     assert [r.token_ids for r in bound] == [r.token_ids for r in plain] == [r.token_ids for r in free]
     assert sum(r.stats.drafted for r in bound) == 0  # nothing drafted that nobody may verify
-    assert sum(sum(r.stats.verified_per_round) for r in bound) == 0
+    assert verified(bound) == 0
     assert sum(r.stats.drafted for r in free) > 0
-    assert sum(sum(r.stats.verified_per_round) for r in free) > 0
+    assert verified(free) > 0
 
 
 def test_under_a_slowdown_bound_rows_that_all_gain_verify_and_one_that_gains_nothing_holds_them_back():
@@ -123,9 +128,6 @@ def test_under_a_slowdown_bound_rows_that_all_gain_verify_and_one_that_gains_not
                              cost=budget.StepCost(a=0.05, b=0.008, c=0.0), max_step_stretch=bound,
                              ngram=lambda cap: NgramProposer(1, 3))
         return run_together(engine, [token_request(i, copy, a, **sp) for i, a in enumerate(arms)])
-
-    def verified(results):
-        return sum(sum(r.stats.verified_per_round) for r in results)
 
     copiers, mixed = ["ngram:4"] * 3, ["ngram:4", "ngram:4", "plain"]
     free_all, bound_all = serve(copiers, None), serve(copiers, 0.03)
@@ -307,8 +309,7 @@ def test_greedy_output_is_plain_output_when_the_budget_cuts_drafts():
                        [token_request(i, p, "ngram:4" if i % 2 else "half:4") for i, p in enumerate(prompts)])
     assert [r.token_ids for r in cut] == [r.token_ids for r in plain]
     drafted = sum(r.stats.drafted for r in cut)
-    verified = sum(sum(r.stats.verified_per_round) for r in cut)
-    assert 0 < verified < drafted  # it verified some, and cut others
+    assert 0 < verified(cut) < drafted  # it verified some, and cut others
 
 
 def test_sampling_follows_the_target_when_the_budget_cuts_drafts():
@@ -328,8 +329,7 @@ def test_sampling_follows_the_target_when_the_budget_cuts_drafts():
     for r in results:
         counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
     drafted = sum(r.stats.drafted for r in results)
-    verified = sum(sum(r.stats.verified_per_round) for r in results)
-    assert 0 < verified < drafted
+    assert 0 < verified(results) < drafted
     assert_follows(exact, counts, trials, "budget")
 
 
