@@ -27,7 +27,6 @@ import torch
 
 from engines.api import GenerationRequest, GenerationResult, LoadSnapshot, TokenDelta
 from engines.arms import ArmMenu
-from engines.budget import StepCost
 from engines.config import EngineConfig
 from engines.drafts import ProposerFactory, build_drafts, may_pack
 from engines.errors import EngineError, InvalidRequest, Overloaded
@@ -35,6 +34,7 @@ from engines.loading import LoadedModel, default_cache_dir, default_target_path,
 from engines.profile import Profile, choose_layout, fit_cost
 from engines.sampling import validate_sampling
 from engines.scheduler import Scheduler
+from engines.stepcost import StepCost
 from engines.text import encode_prompt
 
 log = logging.getLogger(__name__)

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engines.budget import StepCost, features, fit
 from engines.llama import LlamaModel, LlamaWeights, pack_for_cpu, unpack_for_cpu
+from engines.stepcost import StepCost, features, fit
 
 log = logging.getLogger(__name__)
 

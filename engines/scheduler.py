@@ -30,6 +30,7 @@ from engines.decode import draft_budget, record_round, rollback, sample_token, s
 from engines.errors import Cancelled, EngineError
 from engines.llama import KVCache, LlamaModel
 from engines.proposers import Proposal
+from engines.stepcost import StepCost
 from engines.text import IncrementalText
 
 log = logging.getLogger(__name__)
@@ -86,12 +87,12 @@ class Plan:
 
 class Scheduler:
     def __init__(self, model: LlamaModel, tokenizer, eos_ids: frozenset[int], drafts: dict, gamma_max: int,
-                 kv_budget_tokens: int, max_batch: int, prefill_chunk: int, cost: budget.StepCost | None = None,
+                 kv_budget_tokens: int, max_batch: int, prefill_chunk: int, cost: StepCost | None = None,
                  adaptive: bool = True, max_stretch: float | None = None):
         self.model, self.tokenizer, self.eos_ids = model, tokenizer, eos_ids
         self.drafts, self.gamma_max = drafts, gamma_max
         self.kv_budget, self.max_batch, self.prefill_chunk = kv_budget_tokens, max_batch, prefill_chunk
-        self.cost = cost or budget.StepCost()
+        self.cost = cost or StepCost()
         self.adaptive = adaptive  # False: verify every drafted token (fixed γ, the pre-budget behaviour)
         self.max_stretch = max_stretch  # bound on what others' speculation may cost a request (None: none)
         self.calibration = budget.Calibration()

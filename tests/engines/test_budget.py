@@ -1,8 +1,8 @@
-"""The verification budget: what it admits alone and in a full batch, the
-step-cost model, per-request acceptance and the draft's calibration; and that
-output stays exactly the target's when the budget verifies fewer drafts."""
+"""The verification budget: what it admits alone and in a full batch, how it
+prices a lone row's forwards, per-request acceptance and the draft's
+calibration; and that output stays exactly the target's when the budget
+verifies fewer drafts."""
 
-import numpy as np
 import pytest
 import torch
 
@@ -11,6 +11,7 @@ from engines.api import SamplingParams
 from engines.builtin import BuiltinEngine
 from engines.llama import LlamaModel
 from engines.proposers import ModelDraftProposer, NgramProposer
+from engines.stepcost import StepCost
 from tests.helpers import (
     WORDS,
     assert_follows,
@@ -23,7 +24,7 @@ from tests.helpers import (
     token_request,
 )
 
-COST = budget.StepCost(a=0.036, b=0.0026, c=0.002)  # SmolLM2 on the 2-core CPU, roughly
+COST = StepCost(a=0.036, b=0.0026, c=0.002)  # SmolLM2 on the 2-core CPU, roughly
 
 
 def verified(results) -> int:
@@ -99,7 +100,7 @@ def test_a_steps_room_is_its_poorest_rows_balance_and_a_row_earns_by_its_own_acc
 
 def test_with_no_slowdown_allowed_rows_sharing_every_step_verify_nothing_and_match_plain():
     target = tiny_loaded(scale=4.0)
-    cheap = budget.StepCost(a=0.05, b=0.0001, c=0.0)  # verification nearly free: unbounded, it verifies
+    cheap = StepCost(a=0.05, b=0.0001, c=0.0)  # verification nearly free: unbounded, it verifies
     prompts = [[5, 6, 7, 5, 6, 7, 5], [9, 3, 9, 3, 9, 3], [20, 21, 20, 21, 20]]
     sp = dict(max_tokens=12, ignore_eos=True)  # the rows share every step to the end
 
@@ -125,7 +126,7 @@ def test_under_a_slowdown_bound_rows_that_all_gain_verify_and_one_that_gains_not
         # verifying a token costs 8 ms against a 74 ms step of three rows: a 3% share buys
         # less than a third of a token per step
         engine = engine_over(target.model, WORDS, max_context=64, gamma_max=4,
-                             cost=budget.StepCost(a=0.05, b=0.008, c=0.0), max_step_stretch=bound,
+                             cost=StepCost(a=0.05, b=0.008, c=0.0), max_step_stretch=bound,
                              ngram=lambda cap: NgramProposer(1, 3))
         return run_together(engine, [token_request(i, copy, a, **sp) for i, a in enumerate(arms)])
 
@@ -143,7 +144,7 @@ def test_under_a_slowdown_bound_rows_that_all_gain_verify_and_one_that_gains_not
 
 
 def test_a_lone_row_pays_the_jump_beyond_one_token_so_judges_its_prefix_whole():
-    jump = budget.StepCost(a=COST.a, b=COST.b, c=COST.c, d=0.0064)
+    jump = StepCost(a=COST.a, b=COST.b, c=COST.c, d=0.0064)
     weak = [budget.survival(torch.tensor([0.15]))]
     assert budget.admit(weak, base_tokens=1, emitted=1, cost=COST, rows=1) == [1]  # worth b alone
     assert budget.admit(weak, base_tokens=1, emitted=1, cost=jump, rows=1) == [0]  # not worth b + d
@@ -154,8 +155,8 @@ def test_a_lone_row_pays_the_jump_beyond_one_token_so_judges_its_prefix_whole():
 
 def test_a_lone_row_is_priced_at_what_was_measured_not_at_the_fit():
     # a fit that overprices the jump (as batched shapes on a noisy machine made it) ...
-    fitted = budget.StepCost(a=0.069, b=0.0006, c=0.003, d=0.030)
-    measured = budget.StepCost(a=0.069, b=0.0006, c=0.003, d=0.030,
+    fitted = StepCost(a=0.069, b=0.0006, c=0.003, d=0.030)
+    measured = StepCost(a=0.069, b=0.0006, c=0.003, d=0.030,
                                lone={1: 0.0626, 2: 0.0700, 3: 0.0796, 4: 0.0780, 5: 0.0951})
     drafts = [budget.survival(torch.tensor([0.3, 0.3, 0.3]))]
     assert budget.admit(drafts, base_tokens=1, emitted=1, cost=fitted, rows=1) == [0]
@@ -170,7 +171,7 @@ def test_a_lone_row_is_priced_at_what_was_measured_not_at_the_fit():
 
 def test_a_lone_rows_prices_follow_the_machines_pace_together():
     # profiled: verifying a draft costs 1.1x a one-token step
-    cost = budget.StepCost(lone={1: 0.030, 2: 0.033, 3: 0.035})
+    cost = StepCost(lone={1: 0.030, 2: 0.033, 3: 0.035})
     drafts = [budget.survival(torch.tensor([0.3]))]
     assert budget.admit(drafts, base_tokens=1, emitted=1, cost=cost, rows=1) == [1]
     for _ in range(30):  # slowed down, verifying as the profile said
@@ -191,7 +192,7 @@ def test_a_lone_rows_prices_follow_the_machines_pace_together():
 
 
 def test_a_lone_row_drafts_when_some_prefix_pays_for_the_jump():
-    cost = budget.StepCost(lone={1: 0.0852, 2: 0.1173, 3: 0.1194, 4: 0.1073})  # measured here: a 32 ms jump
+    cost = StepCost(lone={1: 0.0852, 2: 0.1173, 3: 0.1194, 4: 0.1073})  # measured here: a 32 ms jump
     assert not budget.worth_drafting(0.4, 1, cost, 1, 1, 1, drafting_s=0.006)  # one token cannot repay it
     assert budget.worth_drafting(0.4, 3, cost, 1, 1, 1, drafting_s=0.006)  # three share it
     assert not budget.worth_drafting(0.2, 8, cost, 1, 1, 1, drafting_s=0.006)
@@ -204,19 +205,10 @@ def test_drafting_cost_raises_the_least_survival_worth_drafting():
     assert budget.threshold(COST, 1, 1, 0) == 0.0
 
 
-def test_the_step_cost_model_is_refitted_from_steps():
-    cost = budget.StepCost(a=0.01, b=0.01, c=0.0)
-    for tokens in range(1, 40):
-        for rows in (1, 4, 8):
-            if rows <= tokens:
-                cost.observe(tokens, rows, 0.035 + 0.003 * tokens + 0.002 * rows)
-    assert cost.a == pytest.approx(0.035, abs=0.003) and cost.b == pytest.approx(0.003, abs=0.0005)
-
-
 def test_a_rows_first_verified_draft_pays_its_leaving_the_one_token_path():
     # the fit tells a row feeding several tokens (e) from the tokens it feeds (b), given
     # batches where verifying rows and verified tokens vary apart
-    cost = budget.StepCost(a=0.01, b=0.002, c=0.0)
+    cost = StepCost(a=0.01, b=0.002, c=0.0)
     for rows in (4, 6, 8, 12, 16):
         for multi in (0, 1, 3):
             for per_row in (2, 3, 4, 8):
@@ -224,38 +216,12 @@ def test_a_rows_first_verified_draft_pays_its_leaving_the_one_token_path():
                 cost.observe(tokens, rows, 0.025 + 0.0008 * tokens + 0.0011 * rows + 0.0017 * multi + 0.0007, multi)
     assert cost.b == pytest.approx(0.0008, abs=0.0001) and cost.e == pytest.approx(0.0017, abs=0.0002)
     # so a lone survivor at 0.3 is not worth opening a row for in a batch of 16, but a sure run of four is
-    cost = budget.StepCost(a=0.025, b=0.0008, c=0.0011, e=0.0017)
+    cost = StepCost(a=0.025, b=0.0008, c=0.0011, e=0.0017)
     assert budget.admit([[0.3], [0.9, 0.8, 0.7, 0.6]] + [[]] * 14, base_tokens=16, emitted=16, cost=cost,
                         rows=16) == [0, 4] + [0] * 14
     # priced at b alone, the lone 0.3 would pass: 0.3 / 0.8 ms > 16 tokens / 56 ms
-    flat = budget.StepCost(a=0.025, b=0.0008, c=0.0011)
+    flat = StepCost(a=0.025, b=0.0008, c=0.0011)
     assert budget.admit([[0.3]] + [[]] * 15, base_tokens=16, emitted=16, cost=flat, rows=16)[0] == 1
-
-
-def test_the_start_up_fit_recovers_the_model_and_keeps_every_price_non_negative():
-    shapes = [(t, 1, int(t > 1)) for t in range(1, 10)] + [(2, 2, 0), (8, 8, 0), (16, 16, 0), (12, 4, 4),
-                                                           (14, 8, 2), (24, 16, 4), (36, 5, 1)]
-    x = np.array([budget.features(*s) for s in shapes])
-    true = np.array([0.02, 0.001, 0.0005, 0.002, 0.003])  # a, b, c, e, d
-    cost = budget.fit(x, x @ true, lone={1: 0.03})
-    assert [cost.a, cost.b, cost.c, cost.e, cost.d] == pytest.approx(list(true), abs=1e-9)
-    assert cost.lone == {1: 0.03}
-    # rows that got cheaper as they were added (noise on a busy machine): unconstrained, c would be
-    # negative and every other price bent to match; here it is zero
-    cost = budget.fit(x, x @ np.array([0.02, 0.001, -0.0004, 0.002, 0.003]))
-    assert cost.c == 0.0 and min(cost.a, cost.b, cost.e, cost.d) >= 0.0
-
-
-def test_the_jump_beyond_one_token_is_fitted_and_kept_when_not_observable():
-    cost = budget.StepCost(a=0.01, b=0.01, c=0.0, d=0.0)
-    for tokens in range(1, 12):
-        for _ in range(10):
-            cost.observe(tokens, 1, 0.036 + 0.0025 * tokens + 0.0064 * (tokens > 1))
-    assert cost.d == pytest.approx(0.0064, abs=0.001) and cost.b == pytest.approx(0.0025, abs=0.0003)
-    cost = budget.StepCost(a=0.03, b=0.0025, c=0.0, d=0.0064)
-    for _ in range(100):  # only one-token steps: d (and b, c) are not observable and stay
-        cost.observe(1, 1, 0.04)
-    assert cost.d == 0.0064 and cost.b == 0.0025 and cost.a + cost.b == pytest.approx(0.04, abs=0.001)
 
 
 def test_a_collapsed_row_drifts_back_and_probes_again():
@@ -291,7 +257,7 @@ def test_calibration_learns_what_confidence_means():
 
 
 # ------------------------------------------------------------------ lossless when the budget cuts drafts
-EXPENSIVE = budget.StepCost(a=0.05, b=0.01, c=0.0)  # verification dear: the budget keeps cutting
+EXPENSIVE = StepCost(a=0.05, b=0.01, c=0.0)  # verification dear: the budget keeps cutting
 
 
 def engine_with(target: LlamaModel, words, cost, **drafts) -> BuiltinEngine:
@@ -320,7 +286,7 @@ def test_sampling_follows_the_target_when_the_budget_cuts_drafts():
     prompt = [2, 3, 4, 2, 3, 4, 2]
     exact = exact_joint_of_first_tokens(target, prompt, sp, 4)
     trials = 1500
-    cost = budget.StepCost(a=0.001, b=0.004, c=0.0)
+    cost = StepCost(a=0.001, b=0.004, c=0.0)
     results = run_together(engine_with(target, words, cost, half=lambda cap: ModelDraftProposer(sub, cap),
                                        ngram=lambda cap: NgramProposer(1, 2)),
                            [token_request(s, prompt, "half:3" if s % 2 else "ngram:3", **{**sp.__dict__, "seed": s})
@@ -331,17 +297,6 @@ def test_sampling_follows_the_target_when_the_budget_cuts_drafts():
     drafted = sum(r.stats.drafted for r in results)
     assert 0 < verified(results) < drafted
     assert_follows(exact, counts, trials, "budget")
-
-
-def test_one_noisy_entry_of_the_lone_table_does_not_raise_every_longer_forward():
-    # measured at start-up on a busy machine: 3 tokens read high, 5 low
-    cost = budget.StepCost(lone={1: 0.076, 2: 0.151, 3: 0.184, 4: 0.164, 5: 0.134, 6: 0.161})
-    steps = [cost.step(t, 1) for t in range(1, 8)]
-    assert steps == sorted(steps)  # never cheaper than a shorter forward
-    assert steps[2] == steps[3] == steps[4] == pytest.approx((0.184 + 0.164 + 0.134) / 3)  # pooled, not the max
-    assert steps[5] == 0.161 and steps[6] >= 0.161
-    cost.observe(3, 1, 0.134)  # the table moves, and its fit with it
-    assert cost.step(3, 1) < steps[2]
 
 
 def test_prompt_lookup_learns_which_matches_hold_and_probes_what_it_judged_weak():

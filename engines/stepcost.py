@@ -1,0 +1,133 @@
+"""The step-cost model: seconds of one target forward, from its shape.
+
+Profiled at start-up (engines/profile.py) and refitted from every step the
+scheduler runs; the verification budget (engines/budget.py) prices drafting
+and verification with it. Many rows: a + b·tokens + c·rows + e·(rows feeding
+more than one token) (+ d once the forward feeds more than one token), by
+non-negative least squares. One row: a table of measured seconds per token
+count, times the machine's pace since.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+from scipy.optimize import nnls
+
+PACE_RATE = 0.1  # moving average of the machine's pace, from every lone step
+SHAPE_RATE = 0.05  # a lone table entry against the one-token step, from the steps of its size
+
+
+class StepCost:
+    """Seconds of one target forward.
+
+    Many rows: a + b · tokens + c · rows + e · multi + d · [tokens > 1], least
+    squares over a sliding window of measured steps. `multi` counts rows
+    feeding more than one token (verifying drafts, or a prefill chunk): such a
+    row's attention leaves the one-query path and masks its new positions, so
+    its first verified draft costs b + e and every further one b (at
+    concurrency 16 on the 2-core CPU, regressed step by step: e 1.8-1.9 ms, b
+    0.9-1.35 ms; priced at b alone, a row's first draft looked 2-3x cheaper
+    than it is). `d` is what leaving the one-token kernels costs for the whole
+    forward: on CPU a forward of a single token runs matrix-vector kernels, and
+    its second token costs several times what each further one does.
+
+    One row (the case that decides speculation at low load): a table of measured
+    seconds per token count (`lone`, from the start-up profile), because the
+    linear fit, pulled by batched shapes, misjudges it (on one machine it priced
+    a second token 31 ms above one, where 17 ms were measured between one token
+    and three), times the machine's pace since (`pace`, from every one-row
+    step, whatever its size). The table's one-token entry is the unit; a longer
+    entry learns slowly from steps of its size what it costs against it. Each
+    entry moving on its own went stale: steps of a size the budget stopped
+    choosing were never timed again, so when the machine sped up (one-token
+    steps 42 -> 26 ms within minutes) verifying one draft stayed priced at 52 ms,
+    2x a step, and a lone row verified nothing for whole requests."""
+
+    def __init__(self, a: float = 0.03, b: float = 0.002, c: float = 0.0, d: float = 0.0, window: int = 400,
+                 lone: dict[int, float] | None = None, e: float = 0.0):
+        self.a, self.b, self.c, self.d, self.e = a, b, c, d, e
+        self.lone: dict[int, float] = dict(lone or {})  # tokens fed by a lone row -> seconds at pace 1
+        self.pace = 1.0  # the machine's speed now against the table's: a step's seconds over its entry
+        self._unit = min(self.lone, default=1)  # the entry the others are learnt against
+        self._lone_fit: dict[int, float] | None = None  # its monotone fit, remade when the table moves
+        self._obs: collections.deque = collections.deque(maxlen=window)
+        self._since_fit = 0
+
+    def seconds(self, tokens: int, rows: int, multi: int = 0) -> float:
+        """The linear model."""
+        return self.a + self.b * tokens + self.c * rows + self.e * multi + (self.d if tokens > 1 else 0.0)
+
+    def step(self, tokens: int, rows: int, multi: int = 0) -> float:
+        """What the budget prices a forward at: measured for one row where known, else the model."""
+        if rows == 1 and self.lone:
+            if self._lone_fit is None:
+                self._lone_fit = monotone(self.lone)
+            if tokens in self._lone_fit:
+                return self.pace * self._lone_fit[tokens]
+            known = max((v for t, v in self._lone_fit.items() if t <= tokens), default=0.0)
+            return max(self.pace * known, self.seconds(tokens, 1, int(tokens > 1)))
+        return self.seconds(tokens, rows, multi)
+
+    def observe(self, tokens: int, rows: int, seconds: float, multi: int = 0) -> None:
+        if rows == 1 and tokens in self.lone:
+            self.pace += (seconds / self.lone[tokens] - self.pace) * PACE_RATE
+            if tokens != self._unit:
+                self.lone[tokens] += (seconds / self.pace - self.lone[tokens]) * SHAPE_RATE
+                self._lone_fit = None
+        self._obs.append((tokens, rows, multi, seconds))
+        self._since_fit += 1
+        if self._since_fit >= 50:
+            self.refit()
+
+    def refit(self) -> None:
+        self._since_fit = 0
+        if len(self._obs) < 20:
+            return
+        x = np.array([features(t, r, m) for t, r, m, _ in self._obs])
+        y = np.array([s for *_, s in self._obs])
+        # a column that does not vary in the window is not observable: its coefficient stays as it is
+        fixed = [j for j in (1, 2, 3, 4) if np.ptp(x[:, j]) == 0]
+        prior = np.array([self.a, self.b, self.c, self.e, self.d])
+        free = [j for j in range(5) if j not in fixed]
+        y = y - x[:, fixed] @ prior[fixed]
+        x = x[:, free]
+        # ridge toward the current fit: a window of similar steps must not swing the slopes
+        # (scaled per column, so that a 0/1 column is held as firmly as a token count); and no
+        # coefficient below zero: clamping an unconstrained fit afterwards (a negative intercept
+        # raised to zero) leaves the others fitted to a model that no longer holds
+        lam = 1e-3 * np.array([0.0 if j == 0 else float(x[:, k] @ x[:, k]) for k, j in enumerate(free)])
+        coef, _ = nnls(np.vstack([x, np.diag(np.sqrt(lam))]), np.concatenate([y, np.sqrt(lam) * prior[free]]))
+        new = dict(zip(free, coef))
+        self.a = max(float(new.get(0, self.a)), 1e-4)
+        self.b = max(float(new.get(1, self.b)), 1e-5)
+        self.c = float(new.get(2, self.c))
+        self.e = float(new.get(3, self.e))
+        self.d = float(new.get(4, self.d))
+
+
+def features(tokens: int, rows: int, multi: int) -> list[float]:
+    """One forward's row of the step-cost regression: the columns of a, b, c, e and d."""
+    return [1.0, float(tokens), float(rows), float(multi), float(tokens > 1)]
+
+
+def fit(x: np.ndarray, y: np.ndarray, lone: dict[int, float] | None = None) -> StepCost:
+    """A step-cost model from forwards timed at start-up (rows of `features`),
+    by non-negative least squares (see StepCost.refit), with a lone row's table."""
+    (a, b, c, e, d), _ = nnls(x, y)
+    return StepCost(max(float(a), 1e-4), max(float(b), 1e-5), float(c), float(d), lone=lone, e=float(e))
+
+
+def monotone(table: dict[int, float]) -> dict[int, float]:
+    """The closest non-decreasing fit of a table (pool adjacent violators): a
+    longer forward never priced below a shorter one, and one noisy entry pooled
+    with its neighbours instead of raising every longer forward to it."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for t in sorted(table):
+        blocks.append([table[t], 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    values = [m for m, n in blocks for _ in range(int(n))]
+    return dict(zip(sorted(table), values))

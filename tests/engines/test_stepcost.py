@@ -1,0 +1,53 @@
+"""The step-cost model: fitted at start-up, refitted from steps, and a lone
+row's measured table kept monotone."""
+
+import numpy as np
+import pytest
+
+from engines.stepcost import StepCost, features, fit
+
+
+def test_the_step_cost_model_is_refitted_from_steps():
+    cost = StepCost(a=0.01, b=0.01, c=0.0)
+    for tokens in range(1, 40):
+        for rows in (1, 4, 8):
+            if rows <= tokens:
+                cost.observe(tokens, rows, 0.035 + 0.003 * tokens + 0.002 * rows)
+    assert cost.a == pytest.approx(0.035, abs=0.003) and cost.b == pytest.approx(0.003, abs=0.0005)
+
+
+def test_the_start_up_fit_recovers_the_model_and_keeps_every_price_non_negative():
+    shapes = [(t, 1, int(t > 1)) for t in range(1, 10)] + [(2, 2, 0), (8, 8, 0), (16, 16, 0), (12, 4, 4),
+                                                           (14, 8, 2), (24, 16, 4), (36, 5, 1)]
+    x = np.array([features(*s) for s in shapes])
+    true = np.array([0.02, 0.001, 0.0005, 0.002, 0.003])  # a, b, c, e, d
+    cost = fit(x, x @ true, lone={1: 0.03})
+    assert [cost.a, cost.b, cost.c, cost.e, cost.d] == pytest.approx(list(true), abs=1e-9)
+    assert cost.lone == {1: 0.03}
+    # rows that got cheaper as they were added (noise on a busy machine): unconstrained, c would be
+    # negative and every other price bent to match; here it is zero
+    cost = fit(x, x @ np.array([0.02, 0.001, -0.0004, 0.002, 0.003]))
+    assert cost.c == 0.0 and min(cost.a, cost.b, cost.e, cost.d) >= 0.0
+
+
+def test_the_jump_beyond_one_token_is_fitted_and_kept_when_not_observable():
+    cost = StepCost(a=0.01, b=0.01, c=0.0, d=0.0)
+    for tokens in range(1, 12):
+        for _ in range(10):
+            cost.observe(tokens, 1, 0.036 + 0.0025 * tokens + 0.0064 * (tokens > 1))
+    assert cost.d == pytest.approx(0.0064, abs=0.001) and cost.b == pytest.approx(0.0025, abs=0.0003)
+    cost = StepCost(a=0.03, b=0.0025, c=0.0, d=0.0064)
+    for _ in range(100):  # only one-token steps: d (and b, c) are not observable and stay
+        cost.observe(1, 1, 0.04)
+    assert cost.d == 0.0064 and cost.b == 0.0025 and cost.a + cost.b == pytest.approx(0.04, abs=0.001)
+
+
+def test_one_noisy_entry_of_the_lone_table_does_not_raise_every_longer_forward():
+    # measured at start-up on a busy machine: 3 tokens read high, 5 low
+    cost = StepCost(lone={1: 0.076, 2: 0.151, 3: 0.184, 4: 0.164, 5: 0.134, 6: 0.161})
+    steps = [cost.step(t, 1) for t in range(1, 8)]
+    assert steps == sorted(steps)  # never cheaper than a shorter forward
+    assert steps[2] == steps[3] == steps[4] == pytest.approx((0.184 + 0.164 + 0.134) / 3)  # pooled, not the max
+    assert steps[5] == 0.161 and steps[6] >= 0.161
+    cost.observe(3, 1, 0.134)  # the table moves, and its fit with it
+    assert cost.step(3, 1) < steps[2]
