@@ -54,6 +54,11 @@ class IncrementalText:
 
     Text that could still be the beginning of a stop string, or an incomplete
     UTF-8 character, is held back until the next tokens settle it.
+
+    Each push decodes only the tokens since the last settled point and the few
+    before it (their context: a tokenizer may render a token differently at the
+    start of a text), not the whole output: decoding everything every token made
+    a request's detokenization quadratic in its length.
     """
 
     def __init__(self, tokenizer, stop: tuple[str, ...] = ()):
@@ -64,11 +69,14 @@ class IncrementalText:
         self.sent = 0  # characters of text already emitted
         self.text = ""
         self.stopped = False
+        self._settled = ""  # the text of ids[:_read], which later tokens no longer change
+        self._prefix = self._read = 0  # ids[_prefix:_read]: the settled tokens the next window starts with
+        self._prefix_text = ""  # what they decode to on their own
 
     def push(self, new_ids: list[int], final: bool = False) -> str:
         """Add tokens; return the newly settled text ('' when none)."""
         self.ids.extend(new_ids)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        text = self._decode()
         if self.stop:
             search_from = max(0, self.sent - self.hold)
             hits = [i for i in (text.find(s, search_from) for s in self.stop) if i >= 0]
@@ -90,3 +98,22 @@ class IncrementalText:
     def finish(self) -> str:
         """Everything still held back."""
         return self.push([], final=True)
+
+    def _decode(self) -> str:
+        """The text of every id so far: the settled text, then what the window
+        beyond the settled tokens' own text decodes to."""
+        window = self.tokenizer.decode(self.ids[self._prefix:], skip_special_tokens=True)
+        if not window.startswith(self._prefix_text):  # a tokenizer that rewrites across tokens
+            self._settled, self._prefix, self._read, self._prefix_text = "", 0, 0, ""
+            window = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        text = self._settled + window[len(self._prefix_text):]
+        if len(self.ids) > self._read and not text.endswith("\ufffd"):  # new tokens, whole characters: settle
+            fresh = self.tokenizer.decode(self.ids[self._read:], skip_special_tokens=True)
+            # the next window starts at these tokens, unless they render nothing (special tokens): a
+            # window must open on text, or a tokenizer that joins tokens with spaces loses one
+            if fresh:
+                self._prefix, self._prefix_text = self._read, fresh
+            else:
+                self._prefix_text = window
+            self._settled, self._read = text, len(self.ids)
+        return text

@@ -114,3 +114,19 @@ def test_the_start_up_profile_measured_this_machine(engine):
     best = min(prof.step_s, key=prof.step_s.get)
     assert best == f"{prof.threads}t/{'packed' if prof.packed else 'dense'}"
     assert sorted(prof.cost.lone) == list(range(1, 10)) and prof.cost.lone[9] > prof.cost.lone[1]
+
+
+def test_streamed_text_is_the_whole_decode_on_the_real_tokenizer(engine):
+    """Windowed detokenization against decoding everything at once: byte-level
+    pieces of multi-byte characters, spaces at window starts, random ids."""
+    import random
+
+    from tests.engines.test_text import stream
+
+    tok, rng = engine.tokenizer, random.Random(0)
+    text = "Grüße, 世界! Ça va? 🙂🚀 naïve café — done.\n  x = [1, 2]  # ok"
+    for ids in [tok(text)["input_ids"]] + [[rng.randrange(len(tok)) for _ in range(60)] for _ in range(20)]:
+        for _ in range(5):
+            cuts = rng.sample(range(1, len(ids)), rng.randrange(len(ids)))
+            pieces, t = stream(tok, ids, cuts)
+            assert "".join(pieces) == t.text == tok.decode(ids, skip_special_tokens=True)

@@ -28,3 +28,27 @@ def test_earliest_of_several_stop_strings_wins():
     t = IncrementalText(tiny_tokenizer(), stop=("world", "hello"))
     t.push(ids("the hello cat world"))
     assert t.stopped and t.text == "the "
+
+
+def stream(tokenizer, ids, cuts, stop=()):
+    """Deltas of `ids` pushed in the pieces `cuts` makes, then finish; and the object."""
+    t, pieces, start = IncrementalText(tokenizer, stop), [], 0
+    for end in sorted(cuts) + [len(ids)]:
+        pieces.append(t.push(ids[start:end]))
+        start = end
+    pieces.append(t.finish())
+    return pieces, t
+
+
+def test_streamed_text_is_the_whole_decode_however_the_tokens_arrive():
+    import random
+
+    tok, rng = tiny_tokenizer(), random.Random(0)
+    for _ in range(50):
+        ids = [rng.randrange(len(tok)) for _ in range(rng.randrange(1, 40))]
+        cuts = rng.sample(range(1, len(ids) + 1), rng.randrange(len(ids) + 1))
+        pieces, t = stream(tok, ids, cuts)
+        whole = tok.decode(ids, skip_special_tokens=True)
+        assert "".join(pieces) == t.text == whole
+        pieces, t = stream(tok, ids, cuts, stop=("w1",))
+        assert "".join(pieces) == t.text == (whole[:whole.find("w1")] if "w1" in whole else whole)
