@@ -19,13 +19,13 @@ from engines.api import GenerationStats, SamplingParams
 from engines.llama import KVCache
 from engines.proposers.base import Proposal
 from engines.rejection_sampler import rejection_sample
-from engines.sampling import logits_to_probs
+from engines.sampling import argmax, logits_to_probs
 
 
 def sample_token(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator) -> int:
     """logits [1, V] -> one token id (argmax when greedy)."""
     if sampling.temperature == 0:
-        return int(logits[0].argmax())
+        return int(argmax(logits[0]))
     probs = logits_to_probs(logits, sampling)
     return int(torch.multinomial(probs[0], 1, generator=generator))
 
@@ -49,7 +49,7 @@ def verify(logits: torch.Tensor, proposal: Proposal, sampling: SamplingParams,
     k = drafts.shape[0]
     if sampling.temperature == 0:
         # The one-hot special case of rejection_sample, without a softmax over V.
-        best = logits.argmax(dim=-1)  # [k + 1]
+        best = argmax(logits)  # [k + 1]
         mismatch = (best[:k] != drafts).nonzero()
         n = int(mismatch[0]) if mismatch.numel() else k
         return n, drafts[:n].tolist() + [int(best[n])]

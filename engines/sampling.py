@@ -37,13 +37,20 @@ def validate_sampling(p: SamplingParams, max_new_tokens_allowed: int) -> None:
         raise InvalidRequest("stop", "at most 16 non-empty stop strings of at most 256 characters")
 
 
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """Indices of the largest values along the last dim (the first on ties, as
+    torch.argmax): max() is vectorised on CPU where argmax is not (21 against 62 µs
+    over SmolLM2's 49,152 logits, a step's decoding rows each paying it)."""
+    return x.max(dim=-1).indices
+
+
 def logits_to_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     """logits [N, V] -> probs [N, V] float32. Greedy (temperature 0) gives one-hot argmax
     rows, which makes the rejection sampler exact for greedy too."""
     logits = logits.float()
     if p.temperature == 0:
         probs = torch.zeros_like(logits)
-        probs.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+        probs.scatter_(-1, argmax(logits).unsqueeze(-1), 1.0)
         return probs
     # A denormal temperature would turn the logits into infinities (and the softmax into NaN).
     logits = logits / max(p.temperature, MIN_TEMPERATURE)

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from engines.api import SamplingParams
 from engines.llama import LayerWeights, LlamaModel, LlamaWeights, linear
 from engines.proposers.base import Proposal, ProposerBase, empty
-from engines.sampling import logits_to_probs
+from engines.sampling import argmax, logits_to_probs
 
 TENSORS = ("norm_levels", "reduce", "norm_e", "norm_f", "fc", "attn_norm", "qkv", "o", "mlp_norm", "gate_up",
            "down")
@@ -121,7 +121,7 @@ class EagleProposer(ProposerBase):
                 p, _, k, sp, gen = requests[i]
                 raw = logit[i][0]  # [N] over the draft vocabulary
                 if sp.temperature == 0:
-                    j, q = int(raw.argmax()), None
+                    j, q = int(argmax(raw)), None
                 else:
                     q = logits_to_probs(logit[i], sp)[0]
                     j = int(torch.multinomial(q, 1, generator=gen))

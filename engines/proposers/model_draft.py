@@ -15,7 +15,7 @@ import torch
 from engines.api import SamplingParams
 from engines.llama import LlamaModel
 from engines.proposers.base import Proposal, ProposerBase
-from engines.sampling import logits_to_probs
+from engines.sampling import argmax, logits_to_probs
 
 
 class ModelDraftProposer(ProposerBase):
@@ -77,7 +77,7 @@ def propose_many(model: LlamaModel, requests: list[tuple[ModelDraftProposer, lis
                 conf[i].append(top)
                 running[i] *= proposer.estimate(top)
                 if sampling.temperature == 0:
-                    tok = q.argmax(dim=-1)
+                    tok = argmax(q)
                 else:
                     tok = torch.multinomial(q, 1, generator=generator).squeeze(-1)
                 tokens[i].append(tok)

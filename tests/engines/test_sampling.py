@@ -3,7 +3,7 @@ import torch
 
 from engines.api import SamplingParams
 from engines.errors import InvalidRequest
-from engines.sampling import logits_to_probs, validate_sampling
+from engines.sampling import argmax, logits_to_probs, validate_sampling
 
 
 def test_greedy_is_one_hot_argmax():
@@ -49,3 +49,10 @@ def test_bad_fields_are_named(field, params):
     with pytest.raises(InvalidRequest) as e:
         validate_sampling(params, max_new_tokens_allowed=1000)
     assert e.value.field == field
+
+
+def test_argmax_is_torchs_including_ties():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 5, (64, 300), generator=g).float()  # many ties per row
+    assert torch.equal(argmax(x), x.argmax(dim=-1))
+    assert int(argmax(x[3])) == int(x[3].argmax())
