@@ -30,7 +30,9 @@ class TargetConfig(_Strict):
     """torch intra-op threads. None: measured at start-up (every core, or one fewer if that is faster)."""
     pack_weights: bool | Literal["auto"] = "auto"
     """On CPU in float32, lay matmul weights out for oneDNN. "auto": time a decode step both ways at
-    start-up and keep the faster (the packing that wins on one CPU loses 1.4-1.6x on another)."""
+    start-up and keep the faster (the packing that wins on one CPU loses 1.4-1.6x on another); with
+    dense weights, also keep MKL copies packed for forwards of a few rows where they win (each a copy
+    of the weights in memory; engines/layouts.py). False: plain dense weights only."""
 
 
 class NgramDraftConfig(_Strict):

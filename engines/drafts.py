@@ -40,7 +40,7 @@ class Drafts:
 
 
 def may_pack(t: TargetConfig) -> bool:
-    """oneDNN weight packing applies to float32 on CPU only."""
+    """Weight packing (oneDNN, MKL row packs) applies to float32 on CPU only."""
     return (t.pack_weights is not False and t.device == "cpu" and t.dtype == "float32"
             and torch.backends.mkldnn.is_available())
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from engines.layouts import linear
+
 SUPPORTED_MODEL_TYPES = {"llama", "qwen2", "mistral"}
 FLASH_MIN_TOKENS = 16  # a prefill chunk from position 0 at least this long takes the fused causal kernel
 
@@ -138,41 +140,6 @@ def rope_parameters(hf_config, device: str) -> tuple[torch.Tensor, float]:
         raise ValueError("dynamic RoPE scaling changes with sequence length and is not supported")
     rotary = LlamaRotaryEmbedding(config=hf_config)
     return rotary.inv_freq.detach().float().to(device), float(getattr(rotary, "attention_scaling", 1.0))
-
-
-def pack_for_cpu(weights: LlamaWeights) -> None:
-    """Re-lay the matmul weights in oneDNN's blocked format (fp32 CPU only).
-
-    Measured on the 2-core target machine (SmolLM2-135M, fp32): a decode step
-    went from ~68 ms to ~49 ms and verifying 8 drafts from 1.9x to 1.5x a step,
-    because oneDNN's small-M kernels beat the BLAS path for 2..16 rows.
-    """
-    for lw in weights.layers:
-        for name in ("qkv", "o", "gate_up", "down", "qkv_bias"):
-            t = getattr(lw, name)
-            if t is not None and not t.is_mkldnn:
-                setattr(lw, name, t.to_mkldnn())
-    if not weights.lm_head.is_mkldnn:
-        weights.lm_head = weights.lm_head.to_mkldnn()
-
-
-def unpack_for_cpu(weights: LlamaWeights) -> None:
-    """Back to dense tensors (what pack_for_cpu undoes); a tied head stays the embedding."""
-    for lw in weights.layers:
-        for name in ("qkv", "o", "gate_up", "down", "qkv_bias"):
-            t = getattr(lw, name)
-            if t is not None and t.is_mkldnn:
-                setattr(lw, name, t.to_dense())
-    if weights.lm_head.is_mkldnn:
-        dense = weights.lm_head.to_dense()
-        weights.lm_head = weights.embed if torch.equal(dense, weights.embed) else dense
-
-
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """x [T, in] @ w [out, in]^T (+ b) for dense or oneDNN-packed weights."""
-    if w.is_mkldnn:
-        return torch._C._nn.mkldnn_linear(x.contiguous().to_mkldnn(), w, b).to_dense()
-    return F.linear(x, w, b)
 
 
 class KVCache:

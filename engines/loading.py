@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from engines.errors import TokenizerMismatch
+from engines.layouts import dense
 from engines.llama import LlamaConfig, LlamaModel, LlamaWeights
 
 log = logging.getLogger(__name__)
@@ -161,7 +162,7 @@ def fingerprint(loaded: LoadedModel) -> str:
     h.update(json.dumps(sorted(loaded.tokenizer.get_vocab().items())).encode())
 
     def add(t: torch.Tensor) -> None:  # at bfloat16 precision: the same whether loaded in float32 or bfloat16
-        t = t.to_dense() if t.is_mkldnn else t
+        t = dense(t)
         h.update(t.detach().to("cpu", torch.bfloat16).contiguous().view(torch.int16).numpy().tobytes())
 
     add(w.embed)

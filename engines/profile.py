@@ -3,9 +3,11 @@
 At start-up, on CPU: time a decode step with the weights as they load (dense
 BLAS) and laid out for oneDNN, with every core and with one fewer, and keep
 the fastest (logged: on one of the project's CPUs oneDNN packing wins 1.4x, on
-another it loses 1.4-1.6x). Then time forwards of a few batch shapes to fit the
-step-cost model the verification budget uses (engines/budget.py); the
-scheduler keeps refitting it from every step it runs.
+another it loses 1.4-1.6x). With dense weights, time forwards of several
+tokens with and without MKL row packs (engines/layouts.py) and keep the packs
+that win. Then time forwards of a few batch shapes to fit the step-cost model
+the verification budget uses (engines/budget.py); the scheduler keeps
+refitting it from every step it runs.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engines.llama import LlamaModel, LlamaWeights, pack_for_cpu, unpack_for_cpu
+from engines.layouts import can_pack_rows, pack_for_cpu, pack_rows, to_dense
+from engines.llama import LlamaModel, LlamaWeights
 from engines.stepcost import StepCost, features, fit
 
 log = logging.getLogger(__name__)
 
 LONE_TOKENS = 9  # a lone row verifying up to 8 drafts (gamma_max's default)
+ROW_PACKS = (LONE_TOKENS, 16, 32)  # row counts MKL packs are tried for: a lone verification, batches
 
 
 @dataclass
@@ -30,12 +34,16 @@ class Profile:
     packed: bool
     step_s: dict[str, float] = field(default_factory=dict)  # "<threads>t/<layout>" -> fastest decode step
     cost: StepCost = field(default_factory=StepCost)
+    buckets: tuple[tuple[int, int], ...] = ()  # MKL row packs kept: (least rows, packed rows)
+    pack_s: dict[int, tuple[float, float]] = field(default_factory=dict)  # packed rows -> (dense, packed) forward
 
     def describe(self) -> str:
         others = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in sorted(self.step_s.items()))
+        packs = ", ".join(f"{lo}-{n} tokens padded to {n} ({self.pack_s[n][1] * 1e3:.1f} against "
+                          f"{self.pack_s[n][0] * 1e3:.1f} ms dense at {lo})" for lo, n in self.buckets)
         return (f"{self.threads} threads, {'oneDNN-packed' if self.packed else 'dense'} weights (decode step: "
-                f"{others}); step cost {self.cost.a * 1e3:.1f} ms + {self.cost.b * 1e3:.2f} ms/token + "
-                f"{self.cost.e * 1e3:.2f} ms/row feeding several + "
+                f"{others}); MKL row packs: {packs or 'none'}; step cost {self.cost.a * 1e3:.1f} ms + "
+                f"{self.cost.b * 1e3:.2f} ms/token + {self.cost.e * 1e3:.2f} ms/row feeding several + "
                 f"{self.cost.c * 1e3:.2f} ms/row + {self.cost.d * 1e3:.1f} ms beyond one token; one row, by tokens "
                 f"fed: {' '.join(f'{t}:{s * 1e3:.1f}' for t, s in sorted(self.cost.lone.items()))} ms")
 
@@ -100,15 +108,46 @@ def choose_layout(model: LlamaModel, weights: list[LlamaWeights], pack: bool | s
     timings: dict[tuple[int, bool], float] = {}
     for layout in layouts:
         for w in weights:
-            (pack_for_cpu if layout else unpack_for_cpu)(w)
+            (pack_for_cpu if layout else to_dense)(w)
         for n in thread_options:
             torch.set_num_threads(n)
             timings[(n, layout)] = _fastest_steps(model, [[(1, False)]])[0]
     best_threads, best_layout = min(timings, key=timings.get)
     for w in weights:
-        (pack_for_cpu if best_layout else unpack_for_cpu)(w)
+        (pack_for_cpu if best_layout else to_dense)(w)
     torch.set_num_threads(best_threads)
     prof = Profile(best_threads, best_layout,
                    {f"{n}t/{'packed' if p else 'dense'}": s for (n, p), s in timings.items()})
+    if not best_layout and pack == "auto" and can_pack_rows(model.dtype):
+        prof.buckets, prof.pack_s = choose_row_packs(model, weights)
     prof.cost = fit_cost(model)
     return prof
+
+
+def choose_row_packs(model: LlamaModel, weights: list[LlamaWeights]) -> tuple[tuple, dict]:
+    """MKL row packs worth their memory, left in place: for each size n in
+    ROW_PACKS, a lone row's forward of n tokens with weights packed for n
+    against dense forwards of fewer tokens; n's bucket starts at the fewest
+    tokens above the last bucket from which every dense forward timed is the
+    slower (a forward of 2 or 3 tokens runs the fast small-matrix path: padding
+    it would cost more than it saves)."""
+    dense_at = sorted({*range(2, ROW_PACKS[0] + 1), *(n for n in ROW_PACKS), *(n + 1 for n in ROW_PACKS[:-1])})
+    dense_s: dict[int, float] = {}
+    packed_s: dict[int, float] = {}
+    for r in range(2):  # alternated, each kept at its fastest: a drifting machine moves both alike
+        for w in weights:
+            pack_rows(w, tuple((n, n) for n in ROW_PACKS) if r % 2 else ())
+        times = _fastest_steps(model, [[(n, True)] for n in (ROW_PACKS if r % 2 else dense_at)], repeats=3)
+        for n, t in zip(ROW_PACKS if r % 2 else dense_at, times):
+            best = packed_s if r % 2 else dense_s
+            best[n] = min(best.get(n, t), t)
+    buckets, last = [], 1
+    for n in ROW_PACKS:
+        timed = [m for m in dense_at if last < m <= n]
+        won = [m for m in timed if all(dense_s[k] > packed_s[n] for k in timed if k >= m)]
+        if won:
+            buckets.append((won[0], n))
+            last = n
+    for w in weights:
+        pack_rows(w, tuple(buckets))
+    return tuple(buckets), {n: (dense_s[lo], packed_s[n]) for lo, n in buckets}

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engines.layouts import dense
 from engines.llama import LlamaWeights, _apply_rope
 
 
@@ -40,7 +41,7 @@ class EagleHead(nn.Module):
         levels = len(feature_layers)
         E, H, Hk, D = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.E, self.H, self.Hk, self.D, self.eps = E, H, Hk, D, cfg.rms_norm_eps
-        dense = lambda t: (t.to_dense() if t.is_mkldnn else t).detach().float().clone()  # noqa: E731
+        owned = lambda t: dense(t).detach().float().clone()  # noqa: E731
         src = target.layers[cfg.num_layers - 1 if init_layer is None else init_layer]
         self.norm_levels = nn.Parameter(torch.ones(levels, E))
         reduce = torch.zeros(E, levels * E)
@@ -52,16 +53,16 @@ class EagleHead(nn.Module):
         fc[:, E:] = torch.eye(E)  # starts by passing the target's feature through
         fc[:, :E] = torch.randn(E, E) * (0.5 / E**0.5)
         self.fc = nn.Parameter(fc)
-        self.attn_norm = nn.Parameter(dense(src.attn_norm))
-        self.qkv = nn.Parameter(dense(src.qkv))
-        self.o = nn.Parameter(dense(src.o))
-        self.mlp_norm = nn.Parameter(dense(src.mlp_norm))
-        self.gate_up = nn.Parameter(dense(src.gate_up))
-        self.down = nn.Parameter(dense(src.down))
-        self.register_buffer("embed", dense(target.embed), persistent=False)
-        self.register_buffer("final_norm", dense(target.norm), persistent=False)
+        self.attn_norm = nn.Parameter(owned(src.attn_norm))
+        self.qkv = nn.Parameter(owned(src.qkv))
+        self.o = nn.Parameter(owned(src.o))
+        self.mlp_norm = nn.Parameter(owned(src.mlp_norm))
+        self.gate_up = nn.Parameter(owned(src.gate_up))
+        self.down = nn.Parameter(owned(src.down))
+        self.register_buffer("embed", owned(target.embed), persistent=False)
+        self.register_buffer("final_norm", owned(target.norm), persistent=False)
         self.register_buffer("vocab_ids", vocab_ids.long(), persistent=False)
-        self.register_buffer("head", dense(target.lm_head)[vocab_ids.long()], persistent=False)
+        self.register_buffer("head", owned(target.lm_head)[vocab_ids.long()], persistent=False)
         self.register_buffer("inv_freq", target.inv_freq.float().clone(), persistent=False)
         self.rope_scale = target.rope_scale
 

@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from engines.api import SamplingParams
-from engines.llama import LayerWeights, LlamaModel, LlamaWeights, linear
+from engines.layouts import dense, linear
+from engines.llama import LayerWeights, LlamaModel, LlamaWeights
 from engines.proposers.base import Proposal, ProposerBase, empty
 from engines.sampling import argmax, logits_to_probs
 
@@ -40,7 +41,7 @@ class EagleDraft:
         t = {k: tensors[k].to(device=device, dtype=dtype).contiguous() for k in TENSORS}
         self.name = name
         self.vocab_ids = vocab_ids.to(device=device, dtype=torch.long)
-        head = tw.lm_head.to_dense() if tw.lm_head.is_mkldnn else tw.lm_head
+        head = dense(tw.lm_head)
         layer = LayerWeights(t["attn_norm"], t["qkv"], None, t["o"], t["mlp_norm"], t["gate_up"], t["down"])
         weights = LlamaWeights(tw.embed, [layer], tw.norm, head[self.vocab_ids].contiguous(), tw.inv_freq,
                                tw.rope_scale)

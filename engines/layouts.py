@@ -1,0 +1,108 @@
+"""How matmul weights are laid out on CPU, and the one `linear` that runs them.
+
+Three layouts, chosen by the start-up profile (engines/profile.py) because the
+project's CPUs disagree about which is fastest:
+
+    dense       plain tensors, BLAS (MKL) matmuls
+    oneDNN      weights re-laid in oneDNN's blocked format (won 1.4x on an AMD
+                EPYC, lost 1.4-1.6x on an Intel Xeon)
+    row packs   dense, plus copies MKL pre-packed for forwards of exactly n
+                rows (cblas_sgemm_pack). A BLAS matmul of a few rows repacks
+                the whole weight on every call: on the Intel Xeon a forward of
+                SmolLM2 feeding 4 tokens cost 1.6x one feeding 3, and 9 tokens
+                2.1x one. A forward of m rows pads its input to the smallest
+                packed size that serves it (`buckets`: measured at start-up,
+                so only where padding beats the plain matmul); the padded rows
+                cost little next to reading the weights once. Each size costs
+                a copy of the weights in memory.
+
+A row's result does not depend on the layout beyond float rounding (the same
+kind of difference as between BLAS kernels for different row counts).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from engines.llama import LlamaWeights
+
+MATMULS = ("qkv", "o", "gate_up", "down")
+
+
+class RowPacked:
+    """A dense weight [out, in] and MKL-packed copies of it, one per row count in `buckets`."""
+
+    def __init__(self, dense: torch.Tensor, buckets: tuple[tuple[int, int], ...]):
+        self.dense = dense
+        self.buckets = buckets  # (least rows, packed rows): forwards of least..packed rows pad to packed
+        self.packed = {n: torch.ops.mkl._mkl_reorder_linear_weight(dense, n) for _, n in buckets}
+
+    def __call__(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        m = x.shape[0]
+        for least, n in self.buckets:
+            if least <= m <= n:
+                xp = x.contiguous() if m == n else torch.cat([x, x.new_zeros(n - m, x.shape[1])])  # [n, in]
+                return torch.ops.mkl._mkl_linear(xp, self.packed[n], self.dense, b, n)[:m]
+        return F.linear(x, self.dense, b)
+
+
+def can_pack_rows(dtype: torch.dtype) -> bool:
+    return dtype == torch.float32 and torch._C.has_mkl and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight")
+
+
+def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, in] @ w [out, in]^T (+ b), whatever w's layout."""
+    if isinstance(w, RowPacked):
+        return w(x, b)
+    if w.is_mkldnn:
+        return torch._C._nn.mkldnn_linear(x.contiguous().to_mkldnn(), w, b).to_dense()
+    return F.linear(x, w, b)
+
+
+def dense(w) -> torch.Tensor:
+    """The plain tensor of a weight in any layout."""
+    if isinstance(w, RowPacked):
+        return w.dense
+    return w.to_dense() if w.is_mkldnn else w
+
+
+def pack_for_cpu(weights: LlamaWeights) -> None:
+    """Re-lay the matmul weights in oneDNN's blocked format (fp32 CPU only).
+
+    Measured on an AMD EPYC (SmolLM2-135M, fp32): a decode step went from ~68 ms
+    to ~49 ms and verifying 8 drafts from 1.9x to 1.5x a step, because oneDNN's
+    small-M kernels beat the BLAS path for 2..16 rows there.
+    """
+    to_dense(weights)
+    for lw in weights.layers:
+        for name in (*MATMULS, "qkv_bias"):
+            t = getattr(lw, name)
+            if t is not None:
+                setattr(lw, name, t.to_mkldnn())
+    weights.lm_head = weights.lm_head.to_mkldnn()
+
+
+def pack_rows(weights: LlamaWeights, buckets: tuple[tuple[int, int], ...]) -> None:
+    """Dense weights with MKL-packed copies for these buckets (none: plain dense)."""
+    to_dense(weights)
+    if not buckets:
+        return
+    for lw in weights.layers:
+        for name in MATMULS:
+            setattr(lw, name, RowPacked(getattr(lw, name), buckets))
+    weights.lm_head = RowPacked(weights.lm_head, buckets)
+
+
+def to_dense(weights: LlamaWeights) -> None:
+    """Back to plain tensors from any layout; a tied head stays the embedding."""
+    for lw in weights.layers:
+        for name in (*MATMULS, "qkv_bias"):
+            t = getattr(lw, name)
+            if t is not None:
+                setattr(lw, name, dense(t))
+    head = dense(weights.lm_head)
+    weights.lm_head = weights.embed if head is not weights.embed and torch.equal(head, weights.embed) else head
