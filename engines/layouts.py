@@ -9,7 +9,7 @@ project's CPUs disagree about which is fastest:
     row packs   dense, plus copies MKL pre-packed for forwards of exactly n
                 rows (cblas_sgemm_pack). A BLAS matmul of a few rows repacks
                 the whole weight on every call: on the Intel Xeon a forward of
-                SmolLM2 feeding 4 tokens cost 1.6x one feeding 3, and 9 tokens
+                SmolLM2 feeding 4 tokens cost 1.5x one feeding 3, and 9 tokens
                 2.1x one. A forward of m rows pads its input to the smallest
                 packed size that serves it (`buckets`: measured at start-up,
                 so only where padding beats the plain matmul); the padded rows

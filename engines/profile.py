@@ -134,12 +134,12 @@ def choose_row_packs(model: LlamaModel, weights: list[LlamaWeights]) -> tuple[tu
     dense_at = sorted({*range(2, ROW_PACKS[0] + 1), *(n for n in ROW_PACKS), *(n + 1 for n in ROW_PACKS[:-1])})
     dense_s: dict[int, float] = {}
     packed_s: dict[int, float] = {}
-    for r in range(2):  # alternated, each kept at its fastest: a drifting machine moves both alike
+    for r in range(4):  # dense and packed alternated, each kept at its fastest: drift moves both alike
+        packed = r % 2 == 1
         for w in weights:
-            pack_rows(w, tuple((n, n) for n in ROW_PACKS) if r % 2 else ())
-        times = _fastest_steps(model, [[(n, True)] for n in (ROW_PACKS if r % 2 else dense_at)], repeats=3)
-        for n, t in zip(ROW_PACKS if r % 2 else dense_at, times):
-            best = packed_s if r % 2 else dense_s
+            pack_rows(w, tuple((n, n) for n in ROW_PACKS) if packed else ())
+        sizes, best = (ROW_PACKS, packed_s) if packed else (dense_at, dense_s)
+        for n, t in zip(sizes, _fastest_steps(model, [[(n, True)] for n in sizes], repeats=3)):
             best[n] = min(best.get(n, t), t)
     buckets, last = [], 1
     for n in ROW_PACKS:
