@@ -68,6 +68,10 @@ class LlamaConfig:
 
 @dataclass
 class LayerWeights:
+    """One decoder layer's weights; on CPU the matmul weights (qkv, o, gate_up, down,
+    and the head) may be laid out for oneDNN or carry MKL row packs (engines/layouts.py):
+    read them through layouts.linear / layouts.dense."""
+
     attn_norm: torch.Tensor  # [E]
     qkv: torch.Tensor  # [(H + 2 Hk) D, E], q, k, v stacked so one matmul serves all three
     qkv_bias: torch.Tensor | None  # [(H + 2 Hk) D]
