@@ -36,10 +36,13 @@ MATMULS = ("qkv", "o", "gate_up", "down")
 class RowPacked:
     """A dense weight [out, in] and MKL-packed copies of it, one per row count in `buckets`."""
 
-    def __init__(self, dense: torch.Tensor, buckets: tuple[tuple[int, int], ...]):
+    def __init__(self, dense: torch.Tensor, buckets: tuple[tuple[int, int], ...],
+                 known: dict[int, torch.Tensor] | None = None):
         self.dense = dense
         self.buckets = buckets  # (least rows, packed rows): forwards of least..packed rows pad to packed
-        self.packed = {n: torch.ops.mkl._mkl_reorder_linear_weight(dense, n) for _, n in buckets}
+        known = known or {}  # copies already packed, by rows: not packed again
+        self.packed = {n: known[n] if n in known else torch.ops.mkl._mkl_reorder_linear_weight(dense, n)
+                       for _, n in buckets}
 
     def __call__(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         m = x.shape[0]
@@ -87,14 +90,29 @@ def pack_for_cpu(weights: LlamaWeights) -> None:
 
 
 def pack_rows(weights: LlamaWeights, buckets: tuple[tuple[int, int], ...]) -> None:
-    """Dense weights with MKL-packed copies for these buckets (none: plain dense)."""
+    """Dense weights with MKL-packed copies for these buckets (none: plain dense);
+    a copy already packed for a size is kept, not packed again."""
+    known = {id(w.dense): w.packed for w in _row_packed(weights)}
     to_dense(weights)
     if not buckets:
         return
     for lw in weights.layers:
         for name in MATMULS:
-            setattr(lw, name, RowPacked(getattr(lw, name), buckets))
-    weights.lm_head = RowPacked(weights.lm_head, buckets)
+            t = getattr(lw, name)
+            setattr(lw, name, RowPacked(t, buckets, known.get(id(t))))
+    weights.lm_head = RowPacked(weights.lm_head, buckets, known.get(id(weights.lm_head)))
+
+
+def route_rows(weights: LlamaWeights, buckets: tuple[tuple[int, int], ...]) -> None:
+    """Which forwards row-packed weights pad to which of their packed sizes, without
+    packing anything (() : every forward dense): what the start-up profile times."""
+    for w in _row_packed(weights):
+        w.buckets = buckets
+
+
+def _row_packed(weights: LlamaWeights) -> list[RowPacked]:
+    return [w for w in [*(getattr(lw, n) for lw in weights.layers for n in MATMULS), weights.lm_head]
+            if isinstance(w, RowPacked)]
 
 
 def to_dense(weights: LlamaWeights) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engines.layouts import can_pack_rows, pack_for_cpu, pack_rows, to_dense
+from engines.layouts import can_pack_rows, pack_for_cpu, pack_rows, route_rows, to_dense
 from engines.llama import LlamaModel, LlamaWeights
 from engines.stepcost import StepCost, features, fit
 
@@ -134,10 +134,13 @@ def choose_row_packs(model: LlamaModel, weights: list[LlamaWeights]) -> tuple[tu
     dense_at = sorted({*range(2, ROW_PACKS[0] + 1), *(n for n in ROW_PACKS), *(n + 1 for n in ROW_PACKS[:-1])})
     dense_s: dict[int, float] = {}
     packed_s: dict[int, float] = {}
+    every = tuple((n, n) for n in ROW_PACKS)
+    for w in weights:
+        pack_rows(w, every)  # once: the rounds below only route forwards to the copies or not
     for r in range(4):  # dense and packed alternated, each kept at its fastest: drift moves both alike
         packed = r % 2 == 1
         for w in weights:
-            pack_rows(w, tuple((n, n) for n in ROW_PACKS) if packed else ())
+            route_rows(w, every if packed else ())
         sizes, best = (ROW_PACKS, packed_s) if packed else (dense_at, dense_s)
         for n, t in zip(sizes, _fastest_steps(model, [[(n, True)] for n in sizes], repeats=3)):
             best[n] = min(best.get(n, t), t)

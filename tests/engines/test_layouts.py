@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engines.layouts import RowPacked, can_pack_rows, dense, linear, pack_for_cpu, pack_rows, to_dense
+from engines.layouts import RowPacked, can_pack_rows, dense, linear, pack_for_cpu, pack_rows, route_rows, to_dense
 from tests.helpers import lean_from_hf, tiny_hf_model
 
 needs_mkl = pytest.mark.skipif(not can_pack_rows(torch.float32), reason="no MKL packed GEMM in this torch build")
@@ -64,3 +64,20 @@ def test_laying_out_and_back_restores_the_dense_weights_and_a_tied_head():
     assert torch.equal(dense(w.layers[0].qkv), before[0]) and torch.equal(w.layers[-1].down, before[1])
     pack_rows(w, ())  # no buckets: plain dense
     assert not isinstance(w.layers[0].qkv, RowPacked) and w.lm_head is w.embed
+
+
+@needs_mkl
+def test_repacking_keeps_the_copies_already_packed_and_routing_packs_nothing():
+    lean = lean_from_hf(tiny_hf_model(vocab=64, hidden=32), torch.float32)
+    w = lean.weights
+    pack_rows(w, BUCKETS)
+    nine, head_nine = w.layers[0].qkv.packed[9], w.lm_head.packed[9]
+    pack_rows(w, ((4, 9),))  # a size dropped, one kept: the kept copy is the same tensor
+    assert w.layers[0].qkv.packed[9] is nine and w.lm_head.packed[9] is head_nine
+    assert set(w.layers[0].qkv.packed) == {9}
+    x = torch.randn(6, 32)
+    packed_out = linear(x, w.layers[0].qkv)
+    route_rows(w, ())  # every forward dense, the copies left as they are
+    assert w.layers[0].qkv.buckets == () and w.layers[0].qkv.packed[9] is nine
+    torch.testing.assert_close(linear(x, w.layers[0].qkv), F.linear(x, w.layers[0].qkv.dense))
+    torch.testing.assert_close(packed_out, F.linear(x, w.layers[0].qkv.dense), rtol=1e-5, atol=1e-5)
