@@ -16,15 +16,18 @@ A token's survival is the product of the estimates up to it: the expected number
 of tokens it adds if verified.
 
 Per step, the batch has one budget: the target forward costs about
-a + b·tokens + c·rows + e·(rows feeding more than one token) (+ d once it
-feeds more than one token) seconds, and a lone row what was measured for its
-token count (the step-cost model, engines/stepcost.py: profiled at start-up,
-refitted from every step). Verifying one more draft token adds b seconds, a row's first one b + e,
-and its survival in expected tokens; rows are opened with their best prefix
-and extended a draft at a time, in order of expected tokens per added second,
-while that beats the batch's decoding rate (tokens emitted per second of a
-step without prefill chunks: what an accepted token saves is its row's share
-of a decode step): expected tokens over added seconds > emitted / seconds.
+a + b·(matmul rows) + c·rows + e·(rows feeding more than one token) (+ d once
+it feeds more than one token) seconds, and a lone row what was measured for
+its token count (the step-cost model, engines/stepcost.py: profiled at
+start-up, refitted from every step). Verifying one more draft token adds
+about b seconds, a row's first one b + e, and its survival in expected tokens;
+rows are opened with their best prefix and extended a draft at a time, in
+order of expected tokens per added second, while that beats the batch's
+decoding rate (tokens emitted per second of a step without prefill chunks:
+what an accepted token saves is its row's share of a decode step): expected
+tokens over added seconds > emitted / seconds. Under MKL row packs the matmul
+rows are padded to a packed size, so the forward's cost is a staircase: the
+admissions are cut to the prefix whose exact price gives the best rate.
 A lone decoding row's prefixes are judged whole against its measured steps.
 Alone, plausible drafts are verified; in a saturated batch only near-certain
 ones are. Verifying fewer drafts is only a smaller k: output stays exactly the
@@ -200,6 +203,13 @@ def admit(survivals: list[list[float]], base_tokens: int, emitted: int, cost: St
     so a row is opened with the prefix that brings the most per second, and
     extended one draft at a time after that.
 
+    Offers are ranked by a draft token's average price over all the drafts
+    offered; what is admitted is then cut to the prefix of the admissions with
+    the best rate at the forward's exact price. Under MKL row packs a forward's
+    cost is a staircase (engines/stepcost.py): one token past a packed size
+    costs the jump to the next, the tokens after it nothing, so one slot never
+    pays for crossing while a dozen may.
+
     A slot costs what it adds to the whole forward, prefill included; the rate
     it must beat is the decoding rows' alone, emitted over a step without the
     prefill: an accepted token saves its row a decode step's share, not a share
@@ -211,22 +221,34 @@ def admit(survivals: list[list[float]], base_tokens: int, emitted: int, cost: St
     seconds = cost.step(full, rows, multi)
     rate_s = cost.step(base_tokens, rows, verifying) if prefill else seconds  # the decoding rows' step
     longest = seconds + room_s if room_s is not None and rows > 1 else None
-    token_s = max(cost.step(full + 1, rows, multi + 1) - cost.step(full, rows, multi + 1), 1e-9)
+    span = max(sum(map(len, survivals)), 1)  # every draft offered: a pack's jump shared by all it could carry
+    token_s = max((cost.step(full + span, rows, multi + 1) - cost.step(full, rows, multi + 1)) / span, 1e-9)
     row_s = max(cost.step(full, rows, multi + 1) - seconds, 0.0)
     tier = first or [0.0] * len(survivals)
     heap = [(tier[r], *_opening(ss, r, token_s, row_s)) for r, ss in enumerate(survivals) if ss]
     heapq.heapify(heap)
-    take, gain = [0] * len(survivals), float(emitted)
+    take, gain, ranked_s = [0] * len(survivals), float(emitted), rate_s
+    tokens, opened = full, multi
+    admitted = []  # (row, its drafts now, tokens added, and the exact rate with it)
     while heap:
         _, _, r, k, added, added_s = heapq.heappop(heap)  # the most expected tokens per second left
-        if longest is not None and seconds + added_s > longest:
+        more, opens = k - take[r], take[r] == 0
+        exact_s = cost.step(tokens + more, rows, opened + opens)
+        if longest is not None and exact_s > longest:
             continue  # no room for it: the row stops here, a smaller offer may still fit
-        if added * rate_s <= added_s * max(gain, 1e-9):  # added / added_s <= gain / rate_s: it would lower the rate
+        if added * ranked_s <= added_s * max(gain, 1e-9):  # added / added_s <= gain / ranked_s: it would lower the rate
             continue
-        take[r], gain, seconds, rate_s = k, gain + added, seconds + added_s, rate_s + added_s
+        take[r], gain, ranked_s = k, gain + added, ranked_s + added_s
+        tokens, opened = tokens + more, opened + opens
+        admitted.append((r, k, gain / (rate_s + exact_s - seconds)))
         if k < len(survivals[r]):
             s = survivals[r][k]
             heapq.heappush(heap, (tier[r], -s / token_s, r, k + 1, s, token_s))
+    best = max(range(len(admitted)), key=lambda i: admitted[i][2], default=None)
+    take = [0] * len(survivals)
+    if best is not None and admitted[best][2] > emitted / rate_s:
+        for r, k, _ in admitted[:best + 1]:
+            take[r] = k
     return take
 
 
@@ -262,14 +284,17 @@ def survival(estimates: torch.Tensor) -> list[float]:
     return out
 
 
-def threshold(cost: StepCost, tokens: int, rows: int, emitted: int, drafting_s: float = 0.0) -> float:
+def threshold(cost: StepCost, tokens: int, rows: int, emitted: int, drafting_s: float = 0.0,
+              span: int = 8) -> float:
     """The least survival worth drafting and verifying one more token on top
     of a first, in a step of this size: the token costs what it adds to the
-    forward and its drafting (`drafting_s`, zero for prompt lookup) and must
-    bring at least the batch's rate back."""
+    forward (on average over the `span` tokens after the first: under row packs
+    the forward's cost is a staircase) and its drafting (`drafting_s`, zero for
+    prompt lookup), and must bring at least the batch's rate back."""
     if emitted <= 0:
         return 0.0
-    added = max(cost.step(tokens + 2, rows, 1) - cost.step(tokens + 1, rows, 1), 0.0)
+    span = max(span, 1)
+    added = max(cost.step(tokens + 1 + span, rows, 1) - cost.step(tokens + 1, rows, 1), 0.0) / span
     return min(1.0, (added + drafting_s) * emitted / max(cost.step(tokens, rows), 1e-9))
 
 

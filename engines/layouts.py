@@ -46,11 +46,19 @@ class RowPacked:
 
     def __call__(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         m = x.shape[0]
-        for least, n in self.buckets:
-            if least <= m <= n:
-                xp = x.contiguous() if m == n else torch.cat([x, x.new_zeros(n - m, x.shape[1])])  # [n, in]
-                return torch.ops.mkl._mkl_linear(xp, self.packed[n], self.dense, b, n)[:m]
-        return F.linear(x, self.dense, b)
+        n = packed_rows(m, self.buckets)
+        if n is None:
+            return F.linear(x, self.dense, b)
+        xp = x.contiguous() if m == n else torch.cat([x, x.new_zeros(n - m, x.shape[1])])  # [n, in]
+        return torch.ops.mkl._mkl_linear(xp, self.packed[n], self.dense, b, n)[:m]
+
+
+def packed_rows(m: int, buckets: tuple[tuple[int, int], ...]) -> int | None:
+    """The packed size a forward of m rows pads to (None: the plain matmul)."""
+    for least, n in buckets:
+        if least <= m <= n:
+            return n
+    return None
 
 
 def can_pack_rows(dtype: torch.dtype) -> bool:

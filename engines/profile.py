@@ -43,8 +43,9 @@ class Profile:
                           f"{self.pack_s[n][0] * 1e3:.1f} ms dense at {lo})" for lo, n in self.buckets)
         return (f"{self.threads} threads, {'oneDNN-packed' if self.packed else 'dense'} weights (decode step: "
                 f"{others}); MKL row packs: {packs or 'none'}; step cost {self.cost.a * 1e3:.1f} ms + "
-                f"{self.cost.b * 1e3:.2f} ms/token + {self.cost.e * 1e3:.2f} ms/row feeding several + "
-                f"{self.cost.c * 1e3:.2f} ms/row + {self.cost.d * 1e3:.1f} ms beyond one token; one row, by tokens "
+                f"{self.cost.b * 1e3:.2f} ms/matmul row + {self.cost.e * 1e3:.2f} ms/row feeding several + "
+                f"{self.cost.c * 1e3:.2f} ms/row + {self.cost.d * 1e3:.1f} ms beyond one token"
+                f"{f' + {self.cost.f * 1e3:.1f} ms beyond the packs' if self.buckets else ''}; one row, by tokens "
                 f"fed: {' '.join(f'{t}:{s * 1e3:.1f}' for t, s in sorted(self.cost.lone.items()))} ms")
 
 
@@ -82,20 +83,21 @@ SHAPES = [[1] * 2, [1] * 4, [1] * 8, [1] * 16, [3] * 4, [1] * 6 + [5] * 2, [1] *
           [1] * 4 + [32], [1] * 8 + [128]]
 
 
-def fit_cost(model: LlamaModel) -> StepCost:
+def fit_cost(model: LlamaModel, buckets: tuple[tuple[int, int], ...] = ()) -> StepCost:
     """Time a lone row feeding 1..LONE_TOKENS tokens (kept as measured) and
-    forwards of the batched SHAPES; fit the step-cost model over all of them."""
+    forwards of the batched SHAPES; fit the step-cost model over all of them,
+    its matmul rows padded as the MKL row packs in place pad them."""
     import numpy as np
 
     counts = list(range(1, LONE_TOKENS + 1))
     lone = dict(zip(counts, _fastest_steps(model, [[(t, t > 1)] for t in counts], repeats=5)))
-    x = [features(t, 1, int(t > 1)) for t in lone]
+    x = [features(t, 1, int(t > 1), buckets) for t in lone]
     y = list(lone.values())
     # a verifying row wants logits for every position; a prefill chunk (a feed longer than any
     # verification) only for its last
     y += _fastest_steps(model, [[(n, 1 < n <= LONE_TOKENS) for n in shape] for shape in SHAPES], repeats=3)
-    x += [features(sum(shape), len(shape), sum(n > 1 for n in shape)) for shape in SHAPES]
-    return fit(np.array(x), np.array(y), lone)
+    x += [features(sum(shape), len(shape), sum(n > 1 for n in shape), buckets) for shape in SHAPES]
+    return fit(np.array(x), np.array(y), lone, buckets)
 
 
 def choose_layout(model: LlamaModel, weights: list[LlamaWeights], pack: bool | str, threads: int | None) -> Profile:
@@ -120,7 +122,7 @@ def choose_layout(model: LlamaModel, weights: list[LlamaWeights], pack: bool | s
                    {f"{n}t/{'packed' if p else 'dense'}": s for (n, p), s in timings.items()})
     if not best_layout and pack == "auto" and can_pack_rows(model.dtype):
         prof.buckets, prof.pack_s = choose_row_packs(model, weights)
-    prof.cost = fit_cost(model)
+    prof.cost = fit_cost(model, prof.buckets)
     return prof
 
 

@@ -310,7 +310,7 @@ class Scheduler:
                 k = budget.stretch_room(self.cost, *self._load[:2], self._room, drafting, k)
                 if k <= 0:
                     continue  # the bound leaves no room to verify anything: a plain round
-                least = budget.threshold(self.cost, *self._load, drafting)
+                least = budget.threshold(self.cost, *self._load, drafting, span=k)
                 if r.proposer.drafting_costs and not budget.worth_drafting(r.acceptance.value, k, self.cost,
                                                                            *self._load, drafting):
                     continue  # too unlikely to pay at this load: a plain round (its estimate drifts back)

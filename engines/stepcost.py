@@ -2,10 +2,11 @@
 
 Profiled at start-up (engines/profile.py) and refitted from every step the
 scheduler runs; the verification budget (engines/budget.py) prices drafting
-and verification with it. Many rows: a + b·tokens + c·rows + e·(rows feeding
-more than one token) (+ d once the forward feeds more than one token), by
-non-negative least squares. One row: a table of measured seconds per token
-count, times the machine's pace since.
+and verification with it. Many rows: a + b·(matmul rows) + c·rows + e·(rows
+feeding more than one token) (+ d once the forward feeds more than one token,
++ f once it feeds more than the largest MKL row pack), by non-negative least
+squares. One row: a table of measured seconds per token count, times the
+machine's pace since.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import collections
 import numpy as np
 from scipy.optimize import nnls
 
+from engines.layouts import packed_rows
+
 PACE_RATE = 0.1  # moving average of the machine's pace, from every lone step
 SHAPE_RATE = 0.05  # a lone table entry against the one-token step, from the steps of its size
 
@@ -22,8 +25,14 @@ SHAPE_RATE = 0.05  # a lone table entry against the one-token step, from the ste
 class StepCost:
     """Seconds of one target forward.
 
-    Many rows: a + b · tokens + c · rows + e · multi + d · [tokens > 1], least
-    squares over a sliding window of measured steps. `multi` counts rows
+    Many rows: a + b · m + c · rows + e · multi + d · [tokens > 1] + f ·
+    [tokens > the largest row pack], least squares over a sliding window of
+    measured steps. `m` is the rows the matmuls run: the tokens fed, or, under
+    MKL row packs (engines/layouts.py), the packed size they are padded to. The
+    cost is then a staircase: at concurrency 16 on the Intel Xeon a forward of
+    16 tokens took 77 ms, 17 tokens 88 ms and 32 tokens 91 ms, then 33 tokens
+    (beyond the packs: f) 105 ms; priced by the tokens fed, verifying one draft
+    there looked to cost 1.7 ms where it cost 11. `multi` counts rows
     feeding more than one token (verifying drafts, or a prefill chunk): such a
     row's attention leaves the one-query path and masks its new positions, so
     its first verified draft costs b + e and every further one b (at
@@ -46,8 +55,10 @@ class StepCost:
     2x a step, and a lone row verified nothing for whole requests."""
 
     def __init__(self, a: float = 0.03, b: float = 0.002, c: float = 0.0, d: float = 0.0, window: int = 400,
-                 lone: dict[int, float] | None = None, e: float = 0.0):
-        self.a, self.b, self.c, self.d, self.e = a, b, c, d, e
+                 lone: dict[int, float] | None = None, e: float = 0.0, f: float = 0.0,
+                 buckets: tuple[tuple[int, int], ...] = ()):
+        self.a, self.b, self.c, self.d, self.e, self.f = a, b, c, d, e, f
+        self.buckets = buckets  # MKL row packs in use: (least rows, packed rows)
         self.lone: dict[int, float] = dict(lone or {})  # tokens fed by a lone row -> seconds at pace 1
         self.pace = 1.0  # the machine's speed now against the table's: a step's seconds over its entry
         self._unit = min(self.lone, default=1)  # the entry the others are learnt against
@@ -56,8 +67,10 @@ class StepCost:
         self._since_fit = 0
 
     def seconds(self, tokens: int, rows: int, multi: int = 0) -> float:
-        """The linear model."""
-        return self.a + self.b * tokens + self.c * rows + self.e * multi + (self.d if tokens > 1 else 0.0)
+        """The linear model: `features`' columns written out (the budget prices hundreds of forwards a step)."""
+        beyond = self.f if self.buckets and tokens > self.buckets[-1][1] else 0.0
+        return (self.a + self.b * matmul_rows(tokens, self.buckets) + self.c * rows + self.e * multi
+                + (self.d if tokens > 1 else 0.0) + beyond)
 
     def step(self, tokens: int, rows: int, multi: int = 0) -> float:
         """What the budget prices a forward at: measured for one row where known, else the model."""
@@ -85,12 +98,12 @@ class StepCost:
         self._since_fit = 0
         if len(self._obs) < 20:
             return
-        x = np.array([features(t, r, m) for t, r, m, _ in self._obs])
+        x = np.array([features(t, r, m, self.buckets) for t, r, m, _ in self._obs])
         y = np.array([s for *_, s in self._obs])
         # a column that does not vary in the window is not observable: its coefficient stays as it is
-        fixed = [j for j in (1, 2, 3, 4) if np.ptp(x[:, j]) == 0]
-        prior = np.array([self.a, self.b, self.c, self.e, self.d])
-        free = [j for j in range(5) if j not in fixed]
+        fixed = [j for j in range(1, COLUMNS) if np.ptp(x[:, j]) == 0]
+        prior = np.array([self.a, self.b, self.c, self.e, self.d, self.f])
+        free = [j for j in range(COLUMNS) if j not in fixed]
         y = y - x[:, fixed] @ prior[fixed]
         x = x[:, free]
         # ridge toward the current fit: a window of similar steps must not swing the slopes
@@ -105,18 +118,31 @@ class StepCost:
         self.c = float(new.get(2, self.c))
         self.e = float(new.get(3, self.e))
         self.d = float(new.get(4, self.d))
+        self.f = float(new.get(5, self.f))
 
 
-def features(tokens: int, rows: int, multi: int) -> list[float]:
-    """One forward's row of the step-cost regression: the columns of a, b, c, e and d."""
-    return [1.0, float(tokens), float(rows), float(multi), float(tokens > 1)]
+COLUMNS = 6  # a, b, c, e, d, f
 
 
-def fit(x: np.ndarray, y: np.ndarray, lone: dict[int, float] | None = None) -> StepCost:
-    """A step-cost model from forwards timed at start-up (rows of `features`),
-    by non-negative least squares (see StepCost.refit), with a lone row's table."""
-    (a, b, c, e, d), _ = nnls(x, y)
-    return StepCost(max(float(a), 1e-4), max(float(b), 1e-5), float(c), float(d), lone=lone, e=float(e))
+def features(tokens: int, rows: int, multi: int, buckets: tuple[tuple[int, int], ...] = ()) -> list[float]:
+    """One forward's row of the step-cost regression: the columns of a, b, c, e, d and f."""
+    beyond = bool(buckets) and tokens > buckets[-1][1]
+    return [1.0, float(matmul_rows(tokens, buckets)), float(rows), float(multi), float(tokens > 1), float(beyond)]
+
+
+def matmul_rows(tokens: int, buckets: tuple[tuple[int, int], ...]) -> int:
+    """Rows a forward's matmuls run: padded to the row pack that serves it, if any."""
+    return packed_rows(tokens, buckets) or tokens
+
+
+def fit(x: np.ndarray, y: np.ndarray, lone: dict[int, float] | None = None,
+        buckets: tuple[tuple[int, int], ...] = ()) -> StepCost:
+    """A step-cost model from forwards timed at start-up (rows of `features`
+    over these row packs), by non-negative least squares (see StepCost.refit),
+    with a lone row's table."""
+    (a, b, c, e, d, f), _ = nnls(x, y)
+    return StepCost(max(float(a), 1e-4), max(float(b), 1e-5), float(c), float(d), lone=lone, e=float(e),
+                    f=float(f), buckets=buckets)
 
 
 def monotone(table: dict[int, float]) -> dict[int, float]:

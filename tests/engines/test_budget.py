@@ -224,6 +224,27 @@ def test_a_rows_first_verified_draft_pays_its_leaving_the_one_token_path():
     assert budget.admit([[0.3]] + [[]] * 15, base_tokens=16, emitted=16, cost=flat, rows=16)[0] == 1
 
 
+def test_under_row_packs_a_full_batch_crosses_to_the_next_packed_size_only_when_enough_drafts_pay():
+    packs = ((4, 9), (10, 16), (17, 32))
+    cost = StepCost(a=0.02, b=0.0007, c=0.0013, e=0.001, d=0.003, f=0.012, buckets=packs)
+    flat = StepCost(a=0.02, b=0.0007, c=0.0013, e=0.001, d=0.003)
+    # 16 decoding rows fill the 16-row pack (55 ms): one draft pads the forward to 32 rows (+12.2 ms)
+    one = [[0.9]] + [[]] * 15
+    assert budget.admit(one, base_tokens=16, emitted=16, cost=cost, rows=16) == [0] * 16
+    assert budget.admit(one, base_tokens=16, emitted=16, cost=flat, rows=16)[0] == 1  # priced token by token
+    # four rows of sure drafts fill the 32-row pack between them: worth crossing for
+    many = [[0.9, 0.8, 0.7, 0.6]] * 4 + [[]] * 12
+    assert budget.admit(many, base_tokens=16, emitted=16, cost=cost, rows=16) == [4] * 4 + [0] * 12
+    # under a bound, a room short of the jump verifies nothing and drafts nothing
+    assert budget.admit(many, base_tokens=16, emitted=16, cost=cost, rows=16, room_s=0.01) == [0] * 16
+    assert budget.stretch_room(cost, 16, 16, 0.01, limit=8) == 0
+    assert budget.stretch_room(cost, 16, 16, 0.013, limit=8) == 8  # past the jump, the pack's rows are free
+    # 8 rows in the 9-row pack: the ninth token is free, the tenth pads to 16
+    assert budget.admit([[0.5]] + [[]] * 7, base_tokens=8, emitted=8, cost=cost, rows=8)[0] == 1
+    # ... so a model draft's next token is judged at the average over the tokens it may draft
+    assert budget.threshold(cost, 8, 8, 8) < budget.threshold(cost, 8, 8, 8, span=1) / 2
+
+
 def test_a_collapsed_row_drifts_back_and_probes_again():
     est = budget.AcceptanceEstimate(prior=0.5)
     for _ in range(10):

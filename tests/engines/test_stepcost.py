@@ -4,7 +4,7 @@ row's measured table kept monotone."""
 import numpy as np
 import pytest
 
-from engines.stepcost import StepCost, features, fit
+from engines.stepcost import StepCost, features, fit, matmul_rows
 
 
 def test_the_step_cost_model_is_refitted_from_steps():
@@ -20,14 +20,37 @@ def test_the_start_up_fit_recovers_the_model_and_keeps_every_price_non_negative(
     shapes = [(t, 1, int(t > 1)) for t in range(1, 10)] + [(2, 2, 0), (8, 8, 0), (16, 16, 0), (12, 4, 4),
                                                            (14, 8, 2), (24, 16, 4), (36, 5, 1)]
     x = np.array([features(*s) for s in shapes])
-    true = np.array([0.02, 0.001, 0.0005, 0.002, 0.003])  # a, b, c, e, d
+    true = np.array([0.02, 0.001, 0.0005, 0.002, 0.003, 0.0])  # a, b, c, e, d, f
     cost = fit(x, x @ true, lone={1: 0.03})
-    assert [cost.a, cost.b, cost.c, cost.e, cost.d] == pytest.approx(list(true), abs=1e-9)
+    assert [cost.a, cost.b, cost.c, cost.e, cost.d, cost.f] == pytest.approx(list(true), abs=1e-9)
     assert cost.lone == {1: 0.03}
     # rows that got cheaper as they were added (noise on a busy machine): unconstrained, c would be
     # negative and every other price bent to match; here it is zero
-    cost = fit(x, x @ np.array([0.02, 0.001, -0.0004, 0.002, 0.003]))
+    cost = fit(x, x @ np.array([0.02, 0.001, -0.0004, 0.002, 0.003, 0.0]))
     assert cost.c == 0.0 and min(cost.a, cost.b, cost.e, cost.d) >= 0.0
+
+
+def test_under_row_packs_the_price_is_a_staircase_of_padded_matmul_rows():
+    packs = ((4, 9), (10, 16), (17, 32))
+    assert [matmul_rows(t, packs) for t in (1, 3, 4, 9, 10, 17, 32, 33)] == [1, 3, 9, 9, 16, 32, 32, 33]
+    shapes = [(t, 1, int(t > 1)) for t in range(1, 10)] + [(2, 2, 0), (4, 4, 0), (8, 8, 0), (16, 16, 0), (12, 4, 4),
+                                                           (16, 8, 2), (28, 16, 4), (36, 5, 1), (136, 9, 1)]
+    true = np.array([0.02, 0.0007, 0.0013, 0.001, 0.003, 0.012])  # a, b, c, e, d, f
+    x = np.array([features(*s, packs) for s in shapes])
+    cost = fit(x, x @ true, buckets=packs)
+    assert [cost.a, cost.b, cost.c, cost.e, cost.d, cost.f] == pytest.approx(list(true), abs=1e-9)
+    # 16 rows: one verified draft costs the jump to 32 padded rows, fifteen more nothing, one beyond the packs f
+    at16 = cost.step(16, 16)
+    assert cost.step(17, 16, 1) - at16 == pytest.approx(16 * 0.0007 + 0.001)
+    assert cost.step(32, 16, 1) == cost.step(17, 16, 1)
+    assert cost.step(33, 16, 1) - cost.step(32, 16, 1) == pytest.approx(0.0007 + 0.012)
+    # without packs the same coefficients price tokens one by one
+    flat = fit(np.array([features(*s) for s in shapes]), np.array([features(*s) for s in shapes]) @ true)
+    assert flat.step(17, 16, 1) - flat.step(16, 16) == pytest.approx(0.0007 + 0.001)
+    for _ in range(60):  # refitted from steps over the same packs: the staircase is kept
+        for t, r, m in shapes[9:]:
+            cost.observe(t, r, float(np.dot(true, features(t, r, m, packs))), m)
+    assert cost.b == pytest.approx(0.0007, rel=0.01) and cost.f == pytest.approx(0.012, rel=0.01)
 
 
 def test_the_jump_beyond_one_token_is_fitted_and_kept_when_not_observable():
