@@ -45,8 +45,14 @@ class Profile:
                 f"{others}); MKL row packs: {packs or 'none'}; step cost {self.cost.a * 1e3:.1f} ms + "
                 f"{self.cost.b * 1e3:.2f} ms/matmul row + {self.cost.e * 1e3:.2f} ms/row feeding several + "
                 f"{self.cost.c * 1e3:.2f} ms/row + {self.cost.d * 1e3:.1f} ms beyond one token"
-                f"{f' + {self.cost.f * 1e3:.1f} ms beyond the packs' if self.buckets else ''}; one row, by tokens "
+                f"{self._packs_cost()}; one row, by tokens "
                 f"fed: {' '.join(f'{t}:{s * 1e3:.1f}' for t, s in sorted(self.cost.lone.items()))} ms")
+
+
+    def _packs_cost(self) -> str:
+        if not self.buckets:
+            return ""
+        return f" + {self.cost.g * 1e3:.1f} ms packed + {self.cost.f * 1e3:.1f} ms beyond the packs"
 
 
 def _fastest_steps(model: LlamaModel, shapes: list[list[tuple[int, bool]]], context: int = 64,

@@ -25,14 +25,16 @@ SHAPE_RATE = 0.05  # a lone table entry against the one-token step, from the ste
 class StepCost:
     """Seconds of one target forward.
 
-    Many rows: a + b · m + c · rows + e · multi + d · [tokens > 1] + f ·
-    [tokens > the largest row pack], least squares over a sliding window of
-    measured steps. `m` is the rows the matmuls run: the tokens fed, or, under
-    MKL row packs (engines/layouts.py), the packed size they are padded to. The
-    cost is then a staircase: at concurrency 16 on the Intel Xeon a forward of
-    16 tokens took 77 ms, 17 tokens 88 ms and 32 tokens 91 ms, then 33 tokens
-    (beyond the packs: f) 105 ms; priced by the tokens fed, verifying one draft
-    there looked to cost 1.7 ms where it cost 11. `multi` counts rows
+    Many rows: a + b · m + c · rows + e · multi + d · [tokens > 1] + g ·
+    [packed] + f · [tokens > the largest row pack], least squares over a
+    sliding window of measured steps. `m` is the rows the matmuls run: the
+    tokens fed, or, under MKL row packs (engines/layouts.py), the packed size
+    they are padded to. The cost is then a staircase: at concurrency 16 on the
+    Intel Xeon a forward of 16 tokens took 77 ms, 17 tokens 88 ms and 32 tokens
+    91 ms, then 33 tokens (beyond the packs: f) 105 ms; priced by the tokens
+    fed, verifying one draft there looked to cost 1.7 ms where it cost 11. Two
+    rows feeding 3 tokens run the small-matrix kernels (33 ms), 4 tokens the
+    packed ones for 9 rows (46 ms): g is that switch. `multi` counts rows
     feeding more than one token (verifying drafts, or a prefill chunk): such a
     row's attention leaves the one-query path and masks its new positions, so
     its first verified draft costs b + e and every further one b (at
@@ -55,9 +57,9 @@ class StepCost:
     2x a step, and a lone row verified nothing for whole requests."""
 
     def __init__(self, a: float = 0.03, b: float = 0.002, c: float = 0.0, d: float = 0.0, window: int = 400,
-                 lone: dict[int, float] | None = None, e: float = 0.0, f: float = 0.0,
+                 lone: dict[int, float] | None = None, e: float = 0.0, f: float = 0.0, g: float = 0.0,
                  buckets: tuple[tuple[int, int], ...] = ()):
-        self.a, self.b, self.c, self.d, self.e, self.f = a, b, c, d, e, f
+        self.a, self.b, self.c, self.d, self.e, self.f, self.g = a, b, c, d, e, f, g
         self.buckets = buckets  # MKL row packs in use: (least rows, packed rows)
         self.lone: dict[int, float] = dict(lone or {})  # tokens fed by a lone row -> seconds at pace 1
         self.pace = 1.0  # the machine's speed now against the table's: a step's seconds over its entry
@@ -68,9 +70,9 @@ class StepCost:
 
     def seconds(self, tokens: int, rows: int, multi: int = 0) -> float:
         """The linear model: `features`' columns written out (the budget prices hundreds of forwards a step)."""
-        beyond = self.f if self.buckets and tokens > self.buckets[-1][1] else 0.0
-        return (self.a + self.b * matmul_rows(tokens, self.buckets) + self.c * rows + self.e * multi
-                + (self.d if tokens > 1 else 0.0) + beyond)
+        m, packed, beyond = kernel(tokens, self.buckets)
+        return (self.a + self.b * m + self.c * rows + self.e * multi + (self.d if tokens > 1 else 0.0)
+                + (self.g if packed else 0.0) + (self.f if beyond else 0.0))
 
     def step(self, tokens: int, rows: int, multi: int = 0) -> float:
         """What the budget prices a forward at: measured for one row where known, else the model."""
@@ -102,7 +104,7 @@ class StepCost:
         y = np.array([s for *_, s in self._obs])
         # a column that does not vary in the window is not observable: its coefficient stays as it is
         fixed = [j for j in range(1, COLUMNS) if np.ptp(x[:, j]) == 0]
-        prior = np.array([self.a, self.b, self.c, self.e, self.d, self.f])
+        prior = np.array([self.a, self.b, self.c, self.e, self.d, self.f, self.g])
         free = [j for j in range(COLUMNS) if j not in fixed]
         y = y - x[:, fixed] @ prior[fixed]
         x = x[:, free]
@@ -119,20 +121,23 @@ class StepCost:
         self.e = float(new.get(3, self.e))
         self.d = float(new.get(4, self.d))
         self.f = float(new.get(5, self.f))
+        self.g = float(new.get(6, self.g))
 
 
-COLUMNS = 6  # a, b, c, e, d, f
+COLUMNS = 7  # a, b, c, e, d, f, g
 
 
 def features(tokens: int, rows: int, multi: int, buckets: tuple[tuple[int, int], ...] = ()) -> list[float]:
-    """One forward's row of the step-cost regression: the columns of a, b, c, e, d and f."""
-    beyond = bool(buckets) and tokens > buckets[-1][1]
-    return [1.0, float(matmul_rows(tokens, buckets)), float(rows), float(multi), float(tokens > 1), float(beyond)]
+    """One forward's row of the step-cost regression: the columns of a, b, c, e, d, f and g."""
+    m, packed, beyond = kernel(tokens, buckets)
+    return [1.0, float(m), float(rows), float(multi), float(tokens > 1), float(beyond), float(packed)]
 
 
-def matmul_rows(tokens: int, buckets: tuple[tuple[int, int], ...]) -> int:
-    """Rows a forward's matmuls run: padded to the row pack that serves it, if any."""
-    return packed_rows(tokens, buckets) or tokens
+def kernel(tokens: int, buckets: tuple[tuple[int, int], ...]) -> tuple[int, bool, bool]:
+    """How a forward's matmuls run under these row packs: their rows (padded to
+    the pack that serves them, if any), whether packed, whether beyond every pack."""
+    n = packed_rows(tokens, buckets)
+    return (tokens if n is None else n), n is not None, n is None and bool(buckets) and tokens > buckets[-1][1]
 
 
 def fit(x: np.ndarray, y: np.ndarray, lone: dict[int, float] | None = None,
@@ -140,9 +145,9 @@ def fit(x: np.ndarray, y: np.ndarray, lone: dict[int, float] | None = None,
     """A step-cost model from forwards timed at start-up (rows of `features`
     over these row packs), by non-negative least squares (see StepCost.refit),
     with a lone row's table."""
-    (a, b, c, e, d, f), _ = nnls(x, y)
+    (a, b, c, e, d, f, g), _ = nnls(x, y)
     return StepCost(max(float(a), 1e-4), max(float(b), 1e-5), float(c), float(d), lone=lone, e=float(e),
-                    f=float(f), buckets=buckets)
+                    f=float(f), g=float(g), buckets=buckets)
 
 
 def monotone(table: dict[int, float]) -> dict[int, float]:
