@@ -227,18 +227,18 @@ def admit(survivals: list[list[float]], base_tokens: int, emitted: int, cost: St
     tier = first or [0.0] * len(survivals)
     heap = [(tier[r], *_opening(ss, r, token_s, row_s)) for r, ss in enumerate(survivals) if ss]
     heapq.heapify(heap)
-    take, gain, ranked_s = [0] * len(survivals), float(emitted), rate_s
+    ranked, gain, ranked_s = [0] * len(survivals), float(emitted), rate_s  # the greedy, at ranking prices
     tokens, opened = full, multi
-    admitted = []  # (row, its drafts now, tokens added, and the exact rate with it)
+    admitted = []  # in order: (row, its drafts verified now, the batch's rate at the exact price)
     while heap:
         _, _, r, k, added, added_s = heapq.heappop(heap)  # the most expected tokens per second left
-        more, opens = k - take[r], take[r] == 0
+        more, opens = k - ranked[r], ranked[r] == 0
         exact_s = cost.step(tokens + more, rows, opened + opens)
         if longest is not None and exact_s > longest:
             continue  # no room for it: the row stops here, a smaller offer may still fit
         if added * ranked_s <= added_s * max(gain, 1e-9):  # added / added_s <= gain / ranked_s: it would lower the rate
             continue
-        take[r], gain, ranked_s = k, gain + added, ranked_s + added_s
+        ranked[r], gain, ranked_s = k, gain + added, ranked_s + added_s
         tokens, opened = tokens + more, opened + opens
         admitted.append((r, k, gain / (rate_s + exact_s - seconds)))
         if k < len(survivals[r]):

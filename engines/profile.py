@@ -48,7 +48,6 @@ class Profile:
                 f"{self._packs_cost()}; one row, by tokens "
                 f"fed: {' '.join(f'{t}:{s * 1e3:.1f}' for t, s in sorted(self.cost.lone.items()))} ms")
 
-
     def _packs_cost(self) -> str:
         if not self.buckets:
             return ""

@@ -4,8 +4,8 @@ Profiled at start-up (engines/profile.py) and refitted from every step the
 scheduler runs; the verification budget (engines/budget.py) prices drafting
 and verification with it. Many rows: a + b·(matmul rows) + c·rows + e·(rows
 feeding more than one token) (+ d once the forward feeds more than one token,
-+ f once it feeds more than the largest MKL row pack), by non-negative least
-squares. One row: a table of measured seconds per token count, times the
++ g while MKL row packs run it, + f once it feeds more than the largest), by
+non-negative least squares. One row: a table of measured seconds per token count, times the
 machine's pace since.
 """
 
