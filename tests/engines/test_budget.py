@@ -285,13 +285,18 @@ def engine_with(target: LlamaModel, words, cost, **drafts) -> BuiltinEngine:
     return engine_over(target, words, max_context=64, gamma_max=4, cost=cost, **drafts)
 
 
-def test_greedy_output_is_plain_output_when_the_budget_cuts_drafts():
+# row packs' staircase: three rows' 3 tokens run unpadded, a fourth pads to 9 (the jump g + 6b)
+STAIRS = StepCost(a=0.05, b=0.002, c=0.0, g=0.002, f=0.02, buckets=((4, 9), (10, 16)))
+
+
+@pytest.mark.parametrize("cost", [EXPENSIVE, STAIRS], ids=["linear", "staircase"])
+def test_greedy_output_is_plain_output_when_the_budget_cuts_drafts(cost):
     target = tiny_loaded(scale=4.0)
     sub = LlamaModel(target.model.cfg, target.model.weights, [0, 1])
     prompts = [[5, 6, 7, 5, 6], [9, 3, 12, 30, 2, 2, 8], [20, 21, 20, 21]]
-    plain = run_together(engine_with(target.model, WORDS, EXPENSIVE), [token_request(i, p) for i, p in
-                                                                       enumerate(prompts)])
-    cut = run_together(engine_with(target.model, WORDS, EXPENSIVE, ngram=lambda cap: NgramProposer(1, 3),
+    plain = run_together(engine_with(target.model, WORDS, cost), [token_request(i, p) for i, p in
+                                                                  enumerate(prompts)])
+    cut = run_together(engine_with(target.model, WORDS, cost, ngram=lambda cap: NgramProposer(1, 3),
                                    half=lambda cap: ModelDraftProposer(sub, cap)),
                        [token_request(i, p, "ngram:4" if i % 2 else "half:4") for i, p in enumerate(prompts)])
     assert [r.token_ids for r in cut] == [r.token_ids for r in plain]
