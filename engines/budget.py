@@ -221,8 +221,8 @@ def admit(survivals: list[list[float]], base_tokens: int, emitted: int, cost: St
     seconds = cost.step(full, rows, multi)
     rate_s = cost.step(base_tokens, rows, verifying) if prefill else seconds  # the decoding rows' step
     longest = seconds + room_s if room_s is not None and rows > 1 else None
-    span = max(sum(map(len, survivals)), 1)  # every draft offered: a pack's jump shared by all it could carry
-    token_s = max((cost.step(full + span, rows, multi + 1) - cost.step(full, rows, multi + 1)) / span, 1e-9)
+    # over every draft offered: a pack's jump shared by all the drafts it could carry
+    token_s = max(token_price(cost, full, rows, multi + 1, sum(map(len, survivals))), 1e-9)
     row_s = max(cost.step(full, rows, multi + 1) - seconds, 0.0)
     tier = first or [0.0] * len(survivals)
     heap = [(tier[r], *_opening(ss, r, token_s, row_s)) for r, ss in enumerate(survivals) if ss]
@@ -250,6 +250,14 @@ def admit(survivals: list[list[float]], base_tokens: int, emitted: int, cost: St
         for r, k, _ in admitted[:best + 1]:
             take[r] = k
     return take
+
+
+def token_price(cost: StepCost, tokens: int, rows: int, multi: int, span: int) -> float:
+    """A draft token's seconds on average over the next `span` added to a forward
+    of `tokens`: under row packs the forward's cost is a staircase, so the next
+    token alone may cost a whole jump or nothing."""
+    span = max(span, 1)
+    return (cost.step(tokens + span, rows, multi) - cost.step(tokens, rows, multi)) / span
 
 
 def _opening(survivals: list[float], r: int, token_s: float, row_s: float) -> tuple:
@@ -293,8 +301,7 @@ def threshold(cost: StepCost, tokens: int, rows: int, emitted: int, drafting_s: 
     prompt lookup), and must bring at least the batch's rate back."""
     if emitted <= 0:
         return 0.0
-    span = max(span, 1)
-    added = max(cost.step(tokens + 1 + span, rows, 1) - cost.step(tokens + 1, rows, 1), 0.0) / span
+    added = max(token_price(cost, tokens + 1, rows, 1, span), 0.0)
     return min(1.0, (added + drafting_s) * emitted / max(cost.step(tokens, rows), 1e-9))
 
 

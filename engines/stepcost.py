@@ -5,8 +5,8 @@ scheduler runs; the verification budget (engines/budget.py) prices drafting
 and verification with it. Many rows: a + b·(matmul rows) + c·rows + e·(rows
 feeding more than one token) (+ d once the forward feeds more than one token,
 + g while MKL row packs run it, + f once it feeds more than the largest), by
-non-negative least squares. One row: a table of measured seconds per token count, times the
-machine's pace since.
+non-negative least squares. One row: a table of measured seconds per token
+count, times the machine's pace since.
 """
 
 from __future__ import annotations
