@@ -48,7 +48,7 @@ run: setup
 # The engine benchmark behind the README's figures (about 30 minutes on 2 cores).
 bench-engine: setup
 	$(VENV)/bin/specgate bench-engine --per-category 1 --max-tokens 96 --modes plain ngram:8 ngram:4/fixed \
-		eagle:6 eagle:2/fixed eagle:3/fixed selfspec:2/fixed --hf-pld --out bench-out/engine.json
+		eagle:6 eagle:2/fixed eagle:3/fixed ngram-eagle:8 selfspec:2/fixed --hf-pld --out bench-out/engine.json
 
 # End to end on Spec-Bench (about an hour on 2 cores): README "Results"
 bench: setup

@@ -34,7 +34,7 @@ from engines.config import load_engine_config
 from engines.text import encode_prompt
 
 DEFAULT_MODES = ("plain", "ngram:8", "ngram:2/fixed", "ngram:4/fixed", "ngram:8/fixed", "eagle:6", "eagle:1/fixed",
-                 "eagle:2/fixed", "eagle:3/fixed", "eagle:4/fixed", "selfspec:2/fixed")
+                 "eagle:2/fixed", "eagle:3/fixed", "eagle:4/fixed", "ngram-eagle:8", "selfspec:2/fixed")
 DEFAULT_HF_PLD = (4, 10)
 
 

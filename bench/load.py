@@ -31,7 +31,8 @@ from engines.api import ChatMessage, GenerationRequest, SamplingParams
 from engines.builtin import BuiltinEngine, drive_from_side_thread
 from engines.config import load_engine_config
 
-DEFAULT_ARMS = ("plain", "ngram:8/fixed", "ngram:8", "eagle:4/fixed", "eagle:6", "selfspec:2/fixed", "selfspec:2")
+DEFAULT_ARMS = ("plain", "ngram:8/fixed", "ngram:8", "eagle:4/fixed", "eagle:6", "ngram-eagle:8", "selfspec:2/fixed",
+                "selfspec:2")
 DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32)
 TARGET = 0.98  # every speculative arm at least this share of plain's throughput, at every level
 

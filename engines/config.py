@@ -99,12 +99,27 @@ class EagleDraftConfig(_Strict):
     cost included; a request's decision may raise it further."""
 
 
+class HybridDraftConfig(_Strict):
+    """Per round, prompt lookup where the context's last tokens occurred before, a model draft elsewhere
+    (engines/proposers/hybrid.py). Names two other drafts of this engine."""
+
+    kind: Literal["hybrid"] = "hybrid"
+    name: str = "ngram-eagle"
+    lookup: str = "ngram"
+    """The prompt-lookup (ngram) draft tried first."""
+    model: str = "eagle"
+    """The model draft (eagle, layers or model) used where the lookup finds nothing."""
+    min_match: int = Field(2, ge=1, le=16)
+    """Fewest matching tokens for the lookup to draft: a one-token match mostly copies the wrong
+    continuation, where the model draft does better."""
+
+
 # SmolLM2-135M (30 layers): skipping layers 12-16 kept the most acceptance among the
 # untrained subsets measured (first 8/15/22, every other, skip 10 or 5 middle ones).
 SELFSPEC_LAYERS = list(range(0, 12)) + list(range(17, 30))
 
-DraftConfig = Annotated[NgramDraftConfig | LayerDraftConfig | ModelDraftConfig | EagleDraftConfig,
-                        Field(discriminator="kind")]
+DraftConfig = Annotated[NgramDraftConfig | LayerDraftConfig | ModelDraftConfig | EagleDraftConfig
+                        | HybridDraftConfig, Field(discriminator="kind")]
 
 
 class EngineConfig(_Strict):
@@ -112,7 +127,8 @@ class EngineConfig(_Strict):
 
     target: TargetConfig = TargetConfig()
     drafts: list[DraftConfig] = Field(
-        default_factory=lambda: [NgramDraftConfig(), EagleDraftConfig(), LayerDraftConfig(layers=SELFSPEC_LAYERS)])
+        default_factory=lambda: [NgramDraftConfig(), EagleDraftConfig(), LayerDraftConfig(layers=SELFSPEC_LAYERS),
+                                 HybridDraftConfig()])
     """Drafts the engine can serve arms with; names must be unique and not 'plain'."""
     adaptive: bool = True
     """Adapt speculation inside the engine: per round, draft only what is likely to be accepted; per
@@ -147,6 +163,12 @@ class EngineConfig(_Strict):
         dup = {n for n in names if names.count(n) > 1}
         if dup or "plain" in names:
             raise ValueError(f"draft names must be unique and not 'plain': {sorted(dup) or ['plain']}")
+        kinds = {d.name: d.kind for d in self.drafts}
+        for d in self.drafts:
+            if isinstance(d, HybridDraftConfig) and (kinds.get(d.lookup) != "ngram"
+                                                     or kinds.get(d.model) not in ("eagle", "layers", "model")):
+                raise ValueError(f"hybrid draft {d.name!r}: lookup must name an ngram draft and model an eagle, "
+                                 f"layers or model draft of this engine, got {d.lookup!r} and {d.model!r}")
         if self.gamma_min > self.gamma_max:
             raise ValueError(f"gamma_min ({self.gamma_min}) must be <= gamma_max ({self.gamma_max})")
         return self

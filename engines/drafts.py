@@ -16,6 +16,7 @@ import torch
 from engines.config import (
     EagleDraftConfig,
     EngineConfig,
+    HybridDraftConfig,
     LayerDraftConfig,
     ModelDraftConfig,
     NgramDraftConfig,
@@ -23,7 +24,14 @@ from engines.config import (
 )
 from engines.llama import LlamaModel, LlamaWeights
 from engines.loading import LoadedModel, check_tokenizers_match, fingerprint, load_model
-from engines.proposers import EagleDraft, EagleProposer, ModelDraftProposer, NgramProposer, Proposer
+from engines.proposers import (
+    EagleDraft,
+    EagleProposer,
+    HybridProposer,
+    ModelDraftProposer,
+    NgramProposer,
+    Proposer,
+)
 from engines.proposers.eagle import load_draft
 
 log = logging.getLogger(__name__)
@@ -37,6 +45,16 @@ class Drafts:
     factories: dict[str, ProposerFactory]
     weights: list[LlamaWeights] = field(default_factory=list)  # laid out like the target's (CPU packing)
     eagles: list[EagleDraft] = field(default_factory=list)
+
+
+def _hybrid(d: HybridDraftConfig, lookup: NgramDraftConfig, model: ProposerFactory, device: str) -> ProposerFactory:
+    key = object()  # one batch key per hybrid draft: its rows' model drafts run together
+
+    def factory(capacity: int) -> HybridProposer:
+        n = max(lookup.min_n, d.min_match)
+        return HybridProposer(NgramProposer(n, max(lookup.max_n, n), device), model(capacity), (d.lookup, d.model),
+                              key)
+    return factory
 
 
 def may_pack(t: TargetConfig) -> bool:
@@ -80,4 +98,8 @@ def build_drafts(config: EngineConfig, target: LoadedModel, cache_dir: Path) -> 
             out.eagles.append(eagle)
             out.weights.append(eagle.model.weights)
             out.factories[d.name] = (lambda cap, e=eagle, d=d: EagleProposer(e, cap, d.min_confidence))
+    for d in config.drafts:  # after the drafts they name
+        if isinstance(d, HybridDraftConfig):
+            out.factories[d.name] = _hybrid(d, next(x for x in config.drafts if x.name == d.lookup),
+                                            out.factories[d.model], t.device)
     return out

@@ -55,6 +55,7 @@ class Running:
     reserved: int  # KV positions reserved at admission
     min_confidence: float = 0.0
     fixed: bool = False  # verify the full γ every round (no adaptation)
+    priced: str | None = None  # the draft whose measured seconds per drafted token price its drafting
     acceptance: budget.AcceptanceEstimate = field(default_factory=budget.AcceptanceEstimate)
     bias: budget.RequestBias = field(default_factory=budget.RequestBias)  # scales calibrated estimates
     slowdown: budget.Slowdown = field(default_factory=budget.Slowdown)  # under max_stretch: what others may cost it
@@ -133,14 +134,16 @@ class Scheduler:
         cache = self.model.new_cache(reserved)
         proposer = self.drafts[req.arm.draft](reserved) if not req.arm.is_plain else None
         fixed = req.fixed_gamma or not self.adaptive
-        if proposer is not None:
-            key = calibration_key(req.arm.draft, sp)
-            self.calibration.start(key, proposer.calibration_prior)
+        priced = None
+        for name, part in proposer.parts(req.arm.draft) if proposer is not None else ():
+            key = calibration_key(name, sp)
+            self.calibration.start(key, part.calibration_prior)
             if not fixed:  # a model draft stops on calibrated estimates, not raw confidence
-                proposer.calibrate = functools.partial(self.calibration.value, key)
+                part.calibrate = functools.partial(self.calibration.value, key)
+            priced = name if part.drafting_costs else priced
         return Running(handle, sp, req.arm.gamma, req.arm.draft, list(handle.prompt_ids), len(handle.prompt_ids),
                        cache, proposer, torch.Generator(device=self.model.device).manual_seed(seed), stats,
-                       IncrementalText(self.tokenizer, sp.stop), now, reserved, req.min_confidence, fixed)
+                       IncrementalText(self.tokenizer, sp.stop), now, reserved, req.min_confidence, fixed, priced)
 
     # one step
     def step(self) -> None:
@@ -241,8 +244,8 @@ class Scheduler:
         """Expected tokens added by verifying each prefix of a row's drafts."""
         prop = p.proposal
         if prop.confidence is not None:
-            est = p.row.bias.apply(self.calibration.estimate(calibration_key(p.row.draft, p.row.sampling),
-                                                             prop.confidence))
+            key = calibration_key(prop.source or p.row.draft, p.row.sampling)
+            est = p.row.bias.apply(self.calibration.estimate(key, prop.confidence))
         else:
             est = torch.full((p.drafted,), p.row.acceptance.value)
         return budget.survival(est)
@@ -274,7 +277,7 @@ class Scheduler:
             if wants_states:
                 r.proposer.observe_states(states[: n + 1])  # the last token and the accepted drafts
             if p.proposal.confidence is not None:
-                key = calibration_key(r.draft, r.sampling)
+                key = calibration_key(p.proposal.source or r.draft, r.sampling)
                 r.bias.observe(self.calibration.estimate(key, p.proposal.confidence), n)
                 self.calibration.observe(key, p.proposal.confidence, n)
         else:
@@ -306,7 +309,7 @@ class Scheduler:
                 continue
             if not r.fixed:
                 # the least survival worth drafting and verifying at the last step's load
-                drafting = self.drafting_s.get(r.draft, 0.0)
+                drafting = self.drafting_s.get(r.priced, 0.0)
                 k = budget.stretch_room(self.cost, *self._load[:2], self._room, drafting, k)
                 if k <= 0:
                     continue  # the bound leaves no room to verify anything: a plain round
@@ -346,12 +349,13 @@ class Scheduler:
 
     def _time_drafting(self, r: Running, seconds: float, props: list[Proposal]) -> None:
         """Seconds per drafted token of a model draft (a moving average): the
-        drafting price in the step budget. Prompt lookup's is left at zero."""
-        n = sum(int(p.token_ids.numel()) for p in props)
-        if not r.proposer.drafting_costs or n == 0:
+        drafting price in the step budget. Prompt lookup's is left at zero (a
+        hybrid's lookup tokens are not counted: the model draft took the time)."""
+        n = sum(int(p.token_ids.numel()) for p in props if (p.source or r.draft) == r.priced)
+        if r.priced is None or n == 0:
             return
-        old = self.drafting_s.get(r.draft)
-        self.drafting_s[r.draft] = seconds / n if old is None else 0.9 * old + 0.1 * seconds / n
+        old = self.drafting_s.get(r.priced)
+        self.drafting_s[r.priced] = seconds / n if old is None else 0.9 * old + 0.1 * seconds / n
 
     def _fail(self, r: Running, e: BaseException) -> None:
         log.error("request %s failed: %s", r.handle.request_id, e, exc_info=e)

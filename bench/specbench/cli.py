@@ -42,7 +42,7 @@ from engines.errors import InvalidRequest
 from gateway.pb import specgate_pb2_grpc as pb_grpc
 
 # Fixed configurations: plain, and each draft with the engine adapting γ per round up to its bound
-DEFAULT_ARMS = ("plain", "ngram:8", "eagle:6")
+DEFAULT_ARMS = ("plain", "ngram:8", "eagle:6", "ngram-eagle:8")
 EXIT_MISMATCH = 3
 
 

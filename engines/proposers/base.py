@@ -24,13 +24,14 @@ class Proposal:
     token_ids: torch.Tensor  # [k] long, k <= γ (k = 0: nothing to propose this round)
     probs: torch.Tensor | None  # [k, V] the draft's q, shaped like the target's p; None = one-hot
     confidence: torch.Tensor | None = None  # [k] the draft's score of each token, which the scheduler calibrates
+    source: str | None = None  # the draft that made it, where a proposer has parts (None: the row's draft)
 
     def truncate(self, k: int) -> Proposal:
         """The first k tokens (what the step budget admits for verification)."""
         if k >= self.token_ids.shape[0]:
             return self
         return Proposal(self.token_ids[:k], None if self.probs is None else self.probs[:k],
-                        None if self.confidence is None else self.confidence[:k])
+                        None if self.confidence is None else self.confidence[:k], self.source)
 
 
 class Proposer(Protocol):
@@ -44,6 +45,11 @@ class Proposer(Protocol):
     def propose(self, context: list[int], gamma: int, sampling: SamplingParams,
                 generator: torch.Generator) -> Proposal:
         """Up to `gamma` tokens to follow `context` (prompt + output so far)."""
+        ...
+
+    def parts(self, name: str) -> list[tuple[str, ProposerBase]]:
+        """(draft name, proposer) for each draft whose proposals it returns:
+        each has its own calibration and drafting price. `name`: its own."""
         ...
 
     def observe_states(self, states: torch.Tensor) -> None:
@@ -66,6 +72,9 @@ class ProposerBase:
         """A drafted token's chance of acceptance: calibrated when the scheduler
         has a calibration for this draft, else the raw confidence."""
         return confidence if self.calibrate is None else self.calibrate(confidence)
+
+    def parts(self, name: str) -> list[tuple[str, ProposerBase]]:
+        return [(name, self)]
 
     def observe_states(self, states: torch.Tensor) -> None:
         pass

@@ -1,0 +1,88 @@
+"""Prompt lookup where it matches, the EAGLE head elsewhere: per round, lossless."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from engines.api import SamplingParams
+from engines.config import EagleDraftConfig, EngineConfig, HybridDraftConfig, NgramDraftConfig
+from engines.proposers import EagleProposer, HybridProposer, NgramProposer
+from tests.engines.test_eagle import eagle_for, engine_over
+from tests.helpers import (
+    WORDS,
+    assert_follows,
+    exact_joint_of_first_tokens,
+    lean_from_hf,
+    run_together,
+    tiny_hf_model,
+    token_request,
+)
+
+
+def hybrid(draft, min_match=2):
+    key = object()
+    return lambda cap: HybridProposer(NgramProposer(min_match, 3), EagleProposer(draft, cap), ("ngram", "eagle"),
+                                      key)
+
+
+def test_each_round_drafts_from_the_lookup_where_it_matches_and_from_the_model_elsewhere():
+    target = lean_from_hf(tiny_hf_model(seed=0, scale=4.0))
+    draft = eagle_for(target, torch.arange(2, 30))
+    make = hybrid(draft)
+    sp, gen = SamplingParams(max_tokens=8, temperature=0), torch.Generator()
+    repeats, fresh = [5, 6, 7, 8, 9, 5, 6], [9, 3, 12, 30, 2]
+    rows = [make(64), make(64)]
+    for row, ctx in zip(rows, (repeats, fresh)):  # the model draft reads the prompt's states first
+        row.observe_states(torch.randn(len(ctx) - 1, draft.E * len(draft.feature_layers)))
+    got = HybridProposer.propose_batch([(rows[0], repeats, 4, sp, gen), (rows[1], fresh, 4, sp, gen)])
+    assert got[0].source == "ngram" and got[0].token_ids.tolist() == [7, 8, 9, 5]  # what followed "5 6"
+    assert got[1].source == "eagle" and 1 <= got[1].token_ids.numel() <= 4
+    assert rows[0].model.pending and not rows[1].model.pending  # the states wait for its next model round
+    one_token = [5, 6, 7, 8, 9, 5]  # "5" occurred before, but one token of match is below min_match
+    assert HybridProposer.propose_batch([(make(64), one_token, 4, sp, gen)])[0].source == "eagle"
+
+
+def test_greedy_output_with_the_hybrid_draft_is_plain_output():
+    target = lean_from_hf(tiny_hf_model(seed=0, scale=4.0))
+    draft = eagle_for(target, torch.arange(2, 30))
+    prompts = [[5, 6, 7, 5, 6], [9, 3, 12, 30, 2, 2, 8], [20], [33, 34, 33, 34, 33]]
+    plain = run_together(engine_over(target, WORDS), [token_request(i, p, max_tokens=24) for i, p in
+                                                      enumerate(prompts)])
+    for gamma in (1, 4):
+        spec = run_together(engine_over(target, WORDS, hybrid=hybrid(draft)),
+                            [token_request(i, p, f"hybrid:{gamma}", max_tokens=24) for i, p in enumerate(prompts)])
+        assert [r.token_ids for r in spec] == [r.token_ids for r in plain], gamma
+        assert all(d <= gamma for r in spec for d in r.stats.drafted_per_round)
+        assert sum(r.stats.drafted for r in spec) > 0
+
+
+@pytest.mark.parametrize("sp", [
+    SamplingParams(max_tokens=4, temperature=0.8, top_p=0.9, ignore_eos=True),
+    SamplingParams(max_tokens=4, temperature=1.0, top_k=6, ignore_eos=True),
+])
+def test_sampling_with_lookup_and_model_rounds_follows_the_target(sp):
+    words = WORDS[:10]
+    target = lean_from_hf(tiny_hf_model(vocab=10, seed=3, scale=1.5, layers=3))
+    draft = eagle_for(target, torch.tensor([2, 3, 4, 5, 7, 8]))
+    prompt = [2, 3, 4, 2, 3, 4, 2, 9]  # the lookup matches after "... 4 2" and "2 3", not after "9"
+    exact = exact_joint_of_first_tokens(target, prompt, sp, 4)
+    trials = 2000
+    results = run_together(engine_over(target, words, hybrid=hybrid(draft)),
+                           [replace(token_request(s, prompt, "hybrid:2", **{**sp.__dict__, "seed": s}),
+                                    fixed_gamma=True) for s in range(trials)])
+    counts: dict = {}
+    for r in results:
+        counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
+    assert sum(r.stats.accepted for r in results) > trials // 4
+    assert_follows(exact, counts, trials, "hybrid")
+
+
+def test_a_hybrid_must_name_a_lookup_and_a_model_draft_of_the_engine():
+    EngineConfig()  # the default names the shipped ones
+    with pytest.raises(ValueError, match="lookup must name an ngram draft"):
+        EngineConfig(drafts=[NgramDraftConfig(), EagleDraftConfig(), HybridDraftConfig(lookup="eagle")])
+    with pytest.raises(ValueError, match="'nowhere'"):
+        EngineConfig(drafts=[NgramDraftConfig(), HybridDraftConfig(model="nowhere")])
