@@ -314,9 +314,12 @@ class Scheduler:
                 if k <= 0:
                     continue  # the bound leaves no room to verify anything: a plain round
                 least = budget.threshold(self.cost, *self._load, drafting, span=k)
-                if r.proposer.drafting_costs and not budget.worth_drafting(r.acceptance.value, k, self.cost,
-                                                                           *self._load, drafting):
+                worth = not r.proposer.drafting_costs or budget.worth_drafting(r.acceptance.value, k, self.cost,
+                                                                               *self._load, drafting)
+                if not worth and not r.proposer.lookup_first:
                     continue  # too unlikely to pay at this load: a plain round (its estimate drifts back)
+                if r.proposer.lookup_first:  # a lookup costs nothing to try; the model runs only where it may pay
+                    r.proposer.model_on = worth
                 # a model draft drafts one more token while the prefix's survival times the row's
                 # acceptance (what the next token is expected to keep) still clears the threshold
                 r.proposer.min_confidence = max(r.min_confidence, least / max(r.acceptance.value, 1e-3))

@@ -38,6 +38,7 @@ class Proposer(Protocol):
     needs_states: tuple[int, ...] | bool  # target layers (-1: final) whose states it reads at every position
     batch_key: object  # proposers with the same non-None key draft together (propose_batch)
     drafting_costs: bool  # drafting runs a model (skip it when its tokens would not be verified)
+    lookup_first: bool  # looks up (free) before running a model: worth asking even when a model's drafts are not
     min_confidence: float  # a model draft stops once its running estimate falls below this
     calibrate: object  # None, or confidence -> estimated acceptance (set by the scheduler)
     calibration_prior: tuple[float, float]  # what the scheduler's calibration assumes before evidence
@@ -64,6 +65,7 @@ class ProposerBase:
     needs_states = False
     batch_key = None
     drafting_costs = False
+    lookup_first = False
     min_confidence = 0.0
     calibrate = None
     calibration_prior = (2.0, 4.0)  # (accepted, tried) per confidence bin before any verification: an even chance

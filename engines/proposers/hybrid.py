@@ -6,7 +6,9 @@ for free and a small draft guesses token by token; between the quotes, lookup
 finds nothing and the model draft is what is left. Each round this proposer
 looks the context's last tokens up first (at least `min_match` of them: a
 one-token match mostly copies the wrong continuation) and drafts with the model
-only where no lookup matched.
+only where no lookup matched, and only when the scheduler judges the model's
+drafts may pay at this load (`model_on`): a lookup costs nothing to try, so it
+is tried even when the model would not be.
 
 Each part keeps its own calibration: a proposal names the part that drafted it
 (`Proposal.source`), so prompt lookup's match scores and the model draft's top
@@ -28,12 +30,14 @@ from engines.proposers.ngram import NgramProposer
 
 class HybridProposer(ProposerBase):
     drafting_costs = True  # rounds without a match run the model draft
+    lookup_first = True
 
     def __init__(self, lookup: NgramProposer, model, names: tuple[str, str], batch_key: object):
         self.lookup, self.model = lookup, model
         self.names = names  # (the lookup's draft name, the model draft's): whose calibration and price
         self.needs_states = model.needs_states
         self.batch_key = batch_key  # one object per configured hybrid: its rows' model drafts run together
+        self.model_on = True  # set per round by the scheduler: whether the model draft's tokens may pay
 
     @property
     def min_confidence(self) -> float:
@@ -62,8 +66,10 @@ class HybridProposer(ProposerBase):
             found = p.lookup.propose(ctx, k, sp, gen)
             if found.token_ids.numel():
                 out[i] = dataclasses.replace(found, source=p.names[0])
-            else:
+            elif p.model_on:
                 rest.append(i)
+            else:
+                out[i] = found  # nothing this round
         if rest:
             model = requests[rest[0]][0].model
             asks = [(requests[i][0].model, *requests[i][1:]) for i in rest]

@@ -86,3 +86,17 @@ def test_a_hybrid_must_name_a_lookup_and_a_model_draft_of_the_engine():
         EngineConfig(drafts=[NgramDraftConfig(), EagleDraftConfig(), HybridDraftConfig(lookup="eagle")])
     with pytest.raises(ValueError, match="'nowhere'"):
         EngineConfig(drafts=[NgramDraftConfig(), HybridDraftConfig(model="nowhere")])
+
+
+def test_without_the_model_a_round_still_looks_up():
+    target = lean_from_hf(tiny_hf_model(seed=0, scale=4.0))
+    draft = eagle_for(target, torch.arange(2, 30))
+    sp, gen = SamplingParams(max_tokens=8, temperature=0), torch.Generator()
+    rows = [hybrid(draft)(64), hybrid(draft)(64)]
+    for row in rows:
+        row.model_on = False  # the scheduler's judgement: the model's drafts would not pay at this load
+        row.observe_states(torch.randn(4, draft.E * len(draft.feature_layers)))
+    got = HybridProposer.propose_batch([(rows[0], [5, 6, 7, 5, 6], 4, sp, gen),
+                                        (rows[1], [9, 3, 12, 30, 2], 4, sp, gen)])
+    assert got[0].source == "ngram" and got[0].token_ids.tolist() == [7, 5, 6]
+    assert got[1].token_ids.numel() == 0 and rows[1].model.pending  # the model did not run
