@@ -38,7 +38,8 @@ class Proposer(Protocol):
     needs_states: tuple[int, ...] | bool  # target layers (-1: final) whose states it reads at every position
     batch_key: object  # proposers with the same non-None key draft together (propose_batch)
     drafting_costs: bool  # drafting runs a model (skip it when its tokens would not be verified)
-    lookup_first: bool  # looks up (free) before running a model: worth asking even when a model's drafts are not
+    lookup_first: bool  # looks up (free) before running a model: asked even when a model's drafts would not pay,
+    #                     with `model_on` (set by the scheduler each round) saying whether its model may run
     min_confidence: float  # a model draft stops once its running estimate falls below this
     calibrate: object  # None, or confidence -> estimated acceptance (set by the scheduler)
     calibration_prior: tuple[float, float]  # what the scheduler's calibration assumes before evidence
