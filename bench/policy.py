@@ -11,6 +11,7 @@ from pathlib import Path
 
 def run(data: Path, repeats: int, rules_file: Path | None) -> dict:
     from engines.arms import ArmMenu
+    from engines.config import EngineConfig
     from policy.classifier import CategoryClassifier
     from policy.decide import decide
     from policy.features import build_features
@@ -20,7 +21,8 @@ def run(data: Path, repeats: int, rules_file: Path | None) -> dict:
     rows = [json.loads(line) for line in data.read_text().splitlines() if line.strip()]
     clf, model = CategoryClassifier.load(), prior_model()
     rules = load_rules(rules_file) if rules_file else NO_RULES
-    arms = ArmMenu(("ngram", "selfspec"), 1, 8)
+    engine = EngineConfig()  # the built-in engine's default menu: every draft, every γ it serves
+    arms = ArmMenu(tuple(d.name for d in engine.drafts), engine.gamma_min, engine.gamma_max)
     rng = random.Random(0)
     feat_s, decide_s, total_s = [], [], []
     for _ in range(repeats):
