@@ -43,18 +43,38 @@ def engine_over(target, words, **drafts) -> BuiltinEngine:
     return helpers.engine_over(target, words, max_context=96, gamma_max=6, **drafts)
 
 
-def test_greedy_output_with_the_eagle_draft_is_plain_output():
-    target = lean_from_hf(tiny_hf_model(seed=0, scale=4.0))
-    draft = eagle_for(target, torch.arange(2, 30))  # a reduced vocabulary: the draft cannot say every token
-    prompts = [[5, 6, 7, 5, 6], [9, 3, 12, 30, 2, 2, 8], [20], [33, 34, 33, 34]]
+def assert_greedy_is_plain(target, name: str, factory, prompts: list[list[int]], gammas) -> None:
+    """Greedy output with draft `name` (its proposer factory) equals plain's at each γ, drafting within γ."""
     plain = run_together(engine_over(target, WORDS), [token_request(i, p, max_tokens=24) for i, p in
                                                       enumerate(prompts)])
-    for gamma in (1, 3, 6):
-        spec = run_together(engine_over(target, WORDS, eagle=lambda cap: EagleProposer(draft, cap)),
-                            [token_request(i, p, f"eagle:{gamma}", max_tokens=24) for i, p in enumerate(prompts)])
+    for gamma in gammas:
+        spec = run_together(engine_over(target, WORDS, **{name: factory}),
+                            [token_request(i, p, f"{name}:{gamma}", max_tokens=24) for i, p in enumerate(prompts)])
         assert [r.token_ids for r in spec] == [r.token_ids for r in plain], gamma
         assert all(d <= gamma for r in spec for d in r.stats.drafted_per_round)
         assert sum(r.stats.drafted for r in spec) > 0
+
+
+def assert_sampling_follows(target, words, name: str, factory, prompt: list[int], sp: SamplingParams) -> None:
+    """2000 seeds at fixed γ 2 (every draft verified, whatever the budget would make of a tiny model):
+    the first four tokens follow the target's exact joint, and the draft carried a good share."""
+    exact = exact_joint_of_first_tokens(target, prompt, sp, 4)
+    trials = 2000
+    results = run_together(engine_over(target, words, **{name: factory}),
+                           [replace(token_request(s, prompt, f"{name}:2", **{**sp.__dict__, "seed": s}),
+                                    fixed_gamma=True) for s in range(trials)])
+    counts: dict = {}
+    for r in results:
+        counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
+    assert sum(r.stats.accepted for r in results) > trials // 4
+    assert_follows(exact, counts, trials, name)
+
+
+def test_greedy_output_with_the_eagle_draft_is_plain_output():
+    target = lean_from_hf(tiny_hf_model(seed=0, scale=4.0))
+    draft = eagle_for(target, torch.arange(2, 30))  # a reduced vocabulary: the draft cannot say every token
+    assert_greedy_is_plain(target, "eagle", lambda cap: EagleProposer(draft, cap),
+                           [[5, 6, 7, 5, 6], [9, 3, 12, 30, 2, 2, 8], [20], [33, 34, 33, 34]], (1, 3, 6))
 
 
 @pytest.mark.parametrize("sp", [
@@ -65,18 +85,7 @@ def test_sampling_with_a_reduced_vocabulary_follows_the_target(sp):
     words = WORDS[:10]
     target = lean_from_hf(tiny_hf_model(vocab=10, seed=3, scale=1.5, layers=3))
     draft = eagle_for(target, torch.tensor([2, 3, 4, 5, 7, 8]))  # q is zero for 0, 1, 6 and 9
-    prompt = [2, 3, 4, 2, 3, 4, 2]
-    exact = exact_joint_of_first_tokens(target, prompt, sp, 4)
-    trials = 2000
-    results = run_together(engine_over(target, words, eagle=lambda cap: EagleProposer(draft, cap)),
-                           # fixed γ: every draft verified, whatever the budget would make of a tiny model
-                           [replace(token_request(s, prompt, "eagle:2", **{**sp.__dict__, "seed": s}),
-                                    fixed_gamma=True) for s in range(trials)])
-    counts: dict = {}
-    for r in results:
-        counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
-    assert sum(r.stats.accepted for r in results) > trials // 4  # the draft carried a good share
-    assert_follows(exact, counts, trials, "eagle")
+    assert_sampling_follows(target, words, "eagle", lambda cap: EagleProposer(draft, cap), [2, 3, 4, 2, 3, 4, 2], sp)
 
 
 def test_a_draft_made_for_another_target_is_refused_naming_both(tmp_path):

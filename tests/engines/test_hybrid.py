@@ -2,24 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 
 from engines.api import SamplingParams
 from engines.config import EagleDraftConfig, EngineConfig, HybridDraftConfig, NgramDraftConfig
 from engines.proposers import EagleProposer, HybridProposer, NgramProposer
-from tests.engines.test_eagle import eagle_for, engine_over
-from tests.helpers import (
-    WORDS,
-    assert_follows,
-    exact_joint_of_first_tokens,
-    lean_from_hf,
-    run_together,
-    tiny_hf_model,
-    token_request,
-)
+from tests.engines.test_eagle import assert_greedy_is_plain, assert_sampling_follows, eagle_for
+from tests.helpers import WORDS, lean_from_hf, tiny_hf_model
 
 
 def hybrid(draft, min_match=2):
@@ -48,15 +38,8 @@ def test_each_round_drafts_from_the_lookup_where_it_matches_and_from_the_model_e
 def test_greedy_output_with_the_hybrid_draft_is_plain_output():
     target = lean_from_hf(tiny_hf_model(seed=0, scale=4.0))
     draft = eagle_for(target, torch.arange(2, 30))
-    prompts = [[5, 6, 7, 5, 6], [9, 3, 12, 30, 2, 2, 8], [20], [33, 34, 33, 34, 33]]
-    plain = run_together(engine_over(target, WORDS), [token_request(i, p, max_tokens=24) for i, p in
-                                                      enumerate(prompts)])
-    for gamma in (1, 4):
-        spec = run_together(engine_over(target, WORDS, hybrid=hybrid(draft)),
-                            [token_request(i, p, f"hybrid:{gamma}", max_tokens=24) for i, p in enumerate(prompts)])
-        assert [r.token_ids for r in spec] == [r.token_ids for r in plain], gamma
-        assert all(d <= gamma for r in spec for d in r.stats.drafted_per_round)
-        assert sum(r.stats.drafted for r in spec) > 0
+    assert_greedy_is_plain(target, "hybrid", hybrid(draft),
+                           [[5, 6, 7, 5, 6], [9, 3, 12, 30, 2, 2, 8], [20], [33, 34, 33, 34, 33]], (1, 4))
 
 
 @pytest.mark.parametrize("sp", [
@@ -67,17 +50,8 @@ def test_sampling_with_lookup_and_model_rounds_follows_the_target(sp):
     words = WORDS[:10]
     target = lean_from_hf(tiny_hf_model(vocab=10, seed=3, scale=1.5, layers=3))
     draft = eagle_for(target, torch.tensor([2, 3, 4, 5, 7, 8]))
-    prompt = [2, 3, 4, 2, 3, 4, 2, 9]  # the lookup matches after "... 4 2" and "2 3", not after "9"
-    exact = exact_joint_of_first_tokens(target, prompt, sp, 4)
-    trials = 2000
-    results = run_together(engine_over(target, words, hybrid=hybrid(draft)),
-                           [replace(token_request(s, prompt, "hybrid:2", **{**sp.__dict__, "seed": s}),
-                                    fixed_gamma=True) for s in range(trials)])
-    counts: dict = {}
-    for r in results:
-        counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
-    assert sum(r.stats.accepted for r in results) > trials // 4
-    assert_follows(exact, counts, trials, "hybrid")
+    # the lookup matches after "... 4 2" and "2 3", not after "9"
+    assert_sampling_follows(target, words, "hybrid", hybrid(draft), [2, 3, 4, 2, 3, 4, 2, 9], sp)
 
 
 def test_a_hybrid_must_name_a_lookup_and_a_model_draft_of_the_engine():
