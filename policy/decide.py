@@ -26,8 +26,7 @@ THOMPSON_DRAWS = 64
 PLAIN = Arm()
 # Fixed standard-normal draws (one column per draft; row 0 is the mean): a decision picks one row at random.
 _DRAWS = np.concatenate([np.zeros((1, 8)), np.random.default_rng(20261130).standard_normal((THOMPSON_DRAWS, 8))])
-_MEAN_ONLY = np.zeros(1)  # no exploration: the mean alone
-_ONES = np.ones((THOMPSON_DRAWS, 1))  # plain, under every draw
+_MEAN_ONLY = np.zeros((1, 1))  # no exploration: the mean alone
 
 
 @dataclass(frozen=True)
@@ -91,29 +90,25 @@ def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None,
             "no draft is served" if not arms.drafts else f"{where} allows no draft")
         return Decision(Arm(), "fallback" if not arms.drafts else "rule", reason=f"plain: {why}", **base)
 
-    # one table per draft: row 0 at the mean of α, rows 1.. at Thompson draws from its posterior
+    # one table for the menu: row 0 at the mean of each draft's α, rows 1.. at Thompson draws from its posterior
     strength = then.explore if then.explore is not None else model.explore
     x = acceptance_features(features)
-    by_draft: dict[str, list[Arm]] = {}
-    for a in candidates[1:]:
-        by_draft.setdefault(a.draft, []).append(a)
-    speed = {PLAIN.name: 1.0}
-    blocks, column = [_ONES], {PLAIN.name: 0}  # every arm's speedup under each draw: one matrix, a column per γ
-    for j, (d, group) in enumerate(sorted(by_draft.items())):
-        m = model.draft(d)
-        mean, sd = m.logit(x)
-        z = _DRAWS[:, j % _DRAWS.shape[1]] if strength > 0 else _MEAN_ONLY
-        logit = np.minimum(np.maximum(mean + strength * sd * z, -30.0), 30.0)  # ufuncs: np.clip costs more
-        alpha = 1.0 / (1.0 + np.exp(-logit))
-        table = speed_table(m, alpha, features, max(a.gamma for a in group), m.coverage(x))  # [1 + draws, γ_max]
-        at_mean = table[0].tolist()
-        offset = sum(b.shape[1] for b in blocks)
-        for a in group:
-            speed[a.name] = round(at_mean[a.gamma - 1], 4)
-            column[a.name] = offset + a.gamma - 1
-        blocks.append(table[1:])
-    # ties go to the earlier candidate: plain, then as the menu orders γ (ArmMenu.by_preference)
-    best = candidates[max(range(len(candidates)), key=lambda i: (speed[candidates[i].name], -i))]
+    drafts = sorted({a.draft for a in candidates[1:]})
+    index = {d: j for j, d in enumerate(drafts)}
+    models = [model.draft(d) for d in drafts]
+    posterior = np.array([m.logit(x) for m in models])  # [D, 2]: mean and sd of logit α
+    z = _DRAWS[:, np.arange(len(drafts)) % _DRAWS.shape[1]] if strength > 0 else _MEAN_ONLY  # [1 + draws, D]
+    # ufuncs: np.clip's wrapper costs more
+    logit = np.minimum(np.maximum(posterior[:, 0] + strength * posterior[:, 1] * z, -30.0), 30.0)  # [1 + draws, D]
+    g_max = max(a.gamma for a in candidates[1:])
+    table = speed_table(models, 1.0 / (1.0 + np.exp(-logit)), features, g_max,
+                        [m.coverage(x) for m in models])  # [1 + draws, D, γ_max]
+    # every candidate's speedup under each draw, a column per candidate (plain: 1 under every draw)
+    columns = [index[a.draft] * g_max + a.gamma - 1 for a in candidates[1:]]
+    drawn = np.concatenate([np.ones((table.shape[0], 1)), table.reshape(table.shape[0], -1)[:, columns]], axis=1)
+    at_mean = np.round(drawn[0], 4)
+    speed = dict(zip((a.name for a in candidates), at_mean.tolist()))
+    best = candidates[int(at_mean.argmax())]  # ties go to the earlier candidate: plain, then ArmMenu.by_preference
 
     # Thompson sampling among the safe arms: those predicted within EXPLORE_FLOOR of
     # the best, and, when other requests share the engine's steps, none predicted
@@ -122,15 +117,14 @@ def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None,
     floor = EXPLORE_FLOOR * speed[best.name]
     if features.load >= 1:  # the load seen at decision time: requests other than this one
         floor = max(floor, 1.0)
-    pool = [a for a in candidates if speed[a.name] >= floor]
+    pool = np.flatnonzero(at_mean >= floor)
     chosen, propensity = best, 1.0
     if strength > 0 and len(pool) > 1:
         # the index of the best pool arm under each draw; a draw taken at random decides,
         # so the share of draws an arm wins is exactly its probability of being chosen
-        drawn = np.concatenate(blocks, axis=1)  # [draws, 1 + Σ γ_max]
-        wins = drawn[:, [column[a.name] for a in pool]].argmax(axis=1)
+        wins = drawn[1:, pool].argmax(axis=1)
         i = int(wins[rng.randrange(len(wins))])
-        chosen, propensity = pool[i], np.count_nonzero(wins == i) / len(wins)
+        chosen, propensity = candidates[int(pool[i])], np.count_nonzero(wins == i) / len(wins)
     explored = chosen != best
     ctx = (f"{features.category}, T={features.temperature:g}, ~{features.expected_output_tokens} tokens, "
            f"load {features.load}")

@@ -227,23 +227,28 @@ class PolicyModel:
 def speedups_at(m: DraftModel, alpha: float, f: RequestFeatures, gammas: list[int],
                 coverage: float = 1.0) -> list[float]:
     """The speedup for each γ bound (the engine adapts k within it); see speed_table."""
-    table = speed_table(m, np.array([alpha]), f, max(gammas, default=1), coverage)[0]
+    table = speed_table([m], np.array([[alpha]]), f, max(gammas, default=1), [coverage])[0, 0]
     return [float(table[g - 1]) for g in gammas]
 
 
-def speed_table(m: DraftModel, alpha: np.ndarray, f: RequestFeatures, gamma_max: int,
-                coverage: float = 1.0) -> np.ndarray:
-    """Speedups for many values of α at once: [len(α), γ_max], entry [i, γ-1] the
-    best over k ≤ γ of L / (L · c(q·k) / (q·τ(α_i, k) + 1 − q) + o), q the coverage:
+def speed_table(ms: list[DraftModel], alpha: np.ndarray, f: RequestFeatures, gamma_max: int,
+                coverage: list[float]) -> np.ndarray:
+    """Speedups for many values of α of several drafts at once: α is [R, D] (D = len(ms)),
+    the result [R, D, γ_max], entry [i, j, γ-1] the best over k ≤ γ of
+    L / (L · c_j(q_j·k) / (q_j·τ(α_ij, k) + 1 − q_j) + o_j), q_j draft j's coverage:
     rounds that verify nothing cost a plain round (c is linear in k, so c(q·k) is the
-    mean round's cost) and yield one token."""
+    mean round's cost) and yield one token. One array expression for every draft:
+    a decision prices the whole menu under every Thompson draw at once."""
     L = max(f.expected_output_tokens, 1)
-    k = np.arange(1, gamma_max + 1)
-    a = np.minimum(np.maximum(alpha, 0.0), 1.0 - 1e-9)[:, None]  # ufuncs: np.clip's wrapper costs more
-    tau = (1.0 - a ** (k + 1)) / (1.0 - a)  # expected_tokens_per_round, vectorised
-    q = min(max(coverage, 0.0), 1.0)
-    speed = L / (L * m.round_cost(q * k, f.load) / (q * tau + (1.0 - q)) + m.overhead(f))
-    return np.maximum.accumulate(speed, axis=1)
+    k = np.arange(1, gamma_max + 1)  # [γ_max]
+    fixed = np.array([m.round_cost(0, f.load) for m in ms])[:, None]  # [D, 1]
+    per_k = np.array([m.round_cost(1, f.load) for m in ms])[:, None] - fixed  # round_cost is linear in k
+    over = np.array([m.overhead(f) for m in ms])[:, None]
+    q = np.minimum(np.maximum(np.asarray(coverage, dtype=np.float64), 0.0), 1.0)[:, None]
+    a = np.minimum(np.maximum(alpha, 0.0), 1.0 - 1e-9)[:, :, None]  # ufuncs: np.clip's wrapper costs more
+    tau = (1.0 - a ** (k + 1)) / (1.0 - a)  # expected_tokens_per_round, vectorised: [R, D, γ_max]
+    speed = L / (L * (fixed + per_k * (q * k)) / (q * tau + (1.0 - q)) + over)
+    return np.maximum.accumulate(speed, axis=2)
 
 
 _PRIORS = {kind: prior_draft(kind) for kind in ("ngram", "hybrid", "eagle", "model")}  # read-only
