@@ -316,20 +316,29 @@ def main(args) -> int:
 
     print(f"machine: {cpu_model()}", flush=True)
     t_start = time.monotonic()
+    print("starting the gateway, two workers and Redis ...", flush=True)
+
+    def phase(name, run):
+        t0 = time.monotonic()
+        out = run()
+        print(f"  {name}: {time.monotonic() - t0:.1f} s", flush=True)
+        return out
+
     with tempfile.TemporaryDirectory(prefix="specgate-chaos-") as tmp:
         drill = Drill(args, Path(tmp))
+        print(f"  ready in {time.monotonic() - t_start:.1f} s", flush=True)
         try:
             rss0 = rss_mb(drill.gateway.pid)
-            lat = drill.saturation()
-            rss_before, rss_after = drill.malformed()
-            drill.redis_outage()
-            drill.worker_kill()
+            lat = phase("saturation", drill.saturation)
+            rss_before, rss_after = phase("malformed", drill.malformed)
+            phase("redis outage", drill.redis_outage)
+            phase("worker kill", drill.worker_kill)
             written, dropped = drill.outcomes()
             deadline = time.monotonic() + 15
             while written < served_so_far(drill.tally) and time.monotonic() < deadline:
                 time.sleep(0.5)  # the sink delivers what it held while Redis was away
                 written, dropped = drill.outcomes()
-            exit_code = drill.sigterm()
+            exit_code = phase("sigterm", drill.sigterm)
         finally:
             logs = {p.name: p.read_text()[-2000:] for p in Path(tmp).glob("*.log")}
             drill.close()
