@@ -2,6 +2,8 @@
 lossless property holds batched, admission is FIFO within the KV budget, long
 prefills are chunked, and forward_many equals separate forwards."""
 
+import dataclasses
+
 import torch
 
 from engines.api import SamplingParams
@@ -66,8 +68,13 @@ def test_greedy_output_is_the_same_alone_with_plain_neighbours_and_with_mixed_ar
     with_plain = run_together(make_engine(), [req(0, PROMPTS[1], "ngram:4")] +
                               [req(i, p) for i, p in enumerate(PROMPTS[:7], start=1)])
     arms = ["half:3", "ngram:1", "plain", "half:6", "ngram:8", "plain", "half:1"]
+    # two neighbours verify their whole draft every round (fixed γ): whether the adaptive budget
+    # verifies anything depends on the step times this machine measures, and the test needs drafts
+    # verified beside the others whatever it measured
+    fixed = {1, 5}
     mixed = run_together(make_engine(), [req(0, PROMPTS[1], "ngram:4")] +
-                         [req(i, p, arms[i - 1]) for i, p in enumerate(PROMPTS[:7], start=1)])
+                         [dataclasses.replace(req(i, p, arms[i - 1]), fixed_gamma=i in fixed)
+                          for i, p in enumerate(PROMPTS[:7], start=1)])
     assert with_plain[0].token_ids == alone == mixed[0].token_ids
     # and every neighbour got what it gets alone, whatever its arm
     for i, p in enumerate(PROMPTS[:7], start=1):
