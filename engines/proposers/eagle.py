@@ -26,7 +26,7 @@ from engines.api import SamplingParams
 from engines.layouts import dense, linear
 from engines.llama import LayerWeights, LlamaModel, LlamaWeights
 from engines.proposers.base import Proposal, ProposerBase, empty
-from engines.sampling import argmax, logits_to_probs
+from engines.sampling import argmax, logits_to_probs, sample_index
 
 TENSORS = ("norm_levels", "reduce", "norm_e", "norm_f", "fc", "attn_norm", "qkv", "o", "mlp_norm", "gate_up",
            "down")
@@ -125,7 +125,7 @@ class EagleProposer(ProposerBase):
                     j, q = int(argmax(raw)), None
                 else:
                     q = logits_to_probs(logit[i], sp)[0]
-                    j = int(torch.multinomial(q, 1, generator=gen))
+                    j = sample_index(q, gen)
                 # confidence from the unshaped distribution (greedy shaping is one-hot: always 1)
                 top = float(raw.float().softmax(-1).max())
                 toks[i].append(j)
