@@ -56,8 +56,9 @@ class Running:
     min_confidence: float = 0.0
     fixed: bool = False  # verify the full γ every round (no adaptation)
     priced: str | None = None  # the draft whose measured seconds per drafted token price its drafting
+    # the draft's recent acceptance: whether it is worth running this round (a hybrid's: its model part's)
     acceptance: budget.AcceptanceEstimate = field(default_factory=budget.AcceptanceEstimate)
-    bias: budget.RequestBias = field(default_factory=budget.RequestBias)  # scales calibrated estimates
+    bias: dict[str, budget.RequestBias] = field(default_factory=dict)  # per draft part: scales its estimates
     slowdown: budget.Slowdown = field(default_factory=budget.Slowdown)  # under max_stretch: what others may cost it
     prefilled: int = 0
     out_ids: list[int] = field(default_factory=list)
@@ -67,6 +68,20 @@ class Running:
     @property
     def produced(self) -> int:
         return len(self.out_ids)
+
+    def bias_of(self, prop: Proposal) -> budget.RequestBias:
+        """The request's bias for the part that drafted `prop`: a hybrid's lookup copying its
+        prompt says nothing of how its model draft fares on the same request."""
+        source = prop.source or self.draft
+        bias = self.bias.get(source)
+        if bias is None:
+            bias = self.bias[source] = budget.RequestBias()
+        return bias
+
+    def gates(self, prop: Proposal | None) -> bool:
+        """Whether a round of `prop` (None: nothing drafted) tells the acceptance that
+        gates drafting: the part that runs a model (or the draft's only part)."""
+        return prop is None or (prop.source or self.draft) == (self.priced or self.draft)
 
 
 def calibration_key(draft: str, sampling: SamplingParams) -> tuple[str, bool]:
@@ -245,7 +260,7 @@ class Scheduler:
         prop = p.proposal
         if prop.confidence is not None:
             key = calibration_key(prop.source or p.row.draft, p.row.sampling)
-            est = p.row.bias.apply(self.calibration.estimate(key, prop.confidence))
+            est = p.row.bias_of(prop).apply(self.calibration.estimate(key, prop.confidence))
         else:
             est = torch.full((p.drafted,), p.row.acceptance.value)
         return budget.survival(est)
@@ -278,7 +293,7 @@ class Scheduler:
                 r.proposer.observe_states(states[: n + 1])  # the last token and the accepted drafts
             if p.proposal.confidence is not None:
                 key = calibration_key(p.proposal.source or r.draft, r.sampling)
-                r.bias.observe(self.calibration.estimate(key, p.proposal.confidence), n)
+                r.bias_of(p.proposal).observe(self.calibration.estimate(key, p.proposal.confidence), n)
                 self.calibration.observe(key, p.proposal.confidence, n)
         else:
             k, n = 0, 0
@@ -286,7 +301,9 @@ class Scheduler:
             if wants_states:
                 r.proposer.observe_states(states)
         if r.proposer is not None:
-            if k == 0 and p.drafted and r.proposer.drafting_costs:
+            if not r.gates(p.proposal):
+                pass  # a hybrid's lookup round: the model part's acceptance stays its own
+            elif k == 0 and p.drafted and r.proposer.drafting_costs:
                 # drafted, not worth verifying: nothing learned about the target, so the row's estimate moves
                 # to what the draft's first token was believed worth (a draft judged weak round after round
                 # stops being drafted; a plausible one that did not pay this round keeps its chance)

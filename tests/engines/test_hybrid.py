@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from engines.api import SamplingParams
 from engines.config import EagleDraftConfig, EngineConfig, HybridDraftConfig, NgramDraftConfig
-from engines.proposers import EagleProposer, HybridProposer, NgramProposer
+from engines.proposers import EagleProposer, HybridProposer, NgramProposer, Proposal
+from engines.scheduler import Running
 from tests.engines.test_eagle import assert_greedy_is_plain, assert_sampling_follows, eagle_for
 from tests.helpers import WORDS, lean_from_hf, tiny_hf_model
 
@@ -74,3 +77,17 @@ def test_without_the_model_a_round_still_looks_up():
                                         (rows[1], [9, 3, 12, 30, 2], 4, sp, gen)])
     assert got[0].source == "ngram" and got[0].token_ids.tolist() == [7, 5, 6]
     assert got[1].token_ids.numel() == 0 and rows[1].model.pending  # the model did not run
+
+
+def test_each_part_of_a_hybrid_row_keeps_its_own_bias_and_only_the_model_part_gates_drafting():
+    row = Running(None, SamplingParams(max_tokens=8), 4, "hybrid", [1, 2], 2, None, None, None, None, None, 0.0, 8,
+                  priced="eagle")
+    lookup = Proposal(torch.tensor([7, 8]), None, torch.tensor([0.9, 0.9]), source="ngram")
+    head = Proposal(torch.tensor([3]), None, torch.tensor([0.2]), source="eagle")
+    row.bias_of(lookup).observe(torch.tensor([0.5, 0.5]), 2)  # a copy that held: the lookup's ratio rises
+    assert row.bias_of(lookup).ratio > 1.0 and row.bias_of(head).ratio == 1.0  # the head's is untouched
+    assert row.bias_of(lookup) is row.bias_of(lookup)
+    # the acceptance that decides whether the model runs hears the model's rounds and plain ones only
+    assert row.gates(head) and row.gates(None) and not row.gates(lookup)
+    alone = Running(None, SamplingParams(max_tokens=8), 4, "ngram", [1, 2], 2, None, None, None, None, None, 0.0, 8)
+    assert alone.gates(dataclasses.replace(lookup, source=None))  # a one-part draft's rounds are all its own
