@@ -49,8 +49,8 @@ def sample_index(probs: torch.Tensor, generator: torch.Generator) -> int:
     normalised) by inverting their cumulative sum at a uniform draw: the
     distribution torch.multinomial draws from, 11x faster on CPU over SmolLM2's
     49,152 tokens (90 against 1,000 µs, paid by every sampled token and by every
-    verification's recovered or bonus token, greedy ones included). Accumulated in
-    float64, so each token's interval is its probability to ~1e-16."""
+    sampled verification's recovered or bonus token). Accumulated in float64, so
+    each token's interval is its probability to ~1e-16."""
     cdf = probs.double().cumsum(-1)  # [V]
     x = torch.rand((1,), generator=generator, dtype=torch.float64, device=probs.device) * cdf[-1]
     i = int(torch.searchsorted(cdf, x, right=True))  # the first index whose cdf exceeds x: one with mass

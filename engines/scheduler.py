@@ -72,11 +72,7 @@ class Running:
     def bias_of(self, prop: Proposal) -> budget.RequestBias:
         """The request's bias for the part that drafted `prop`: a hybrid's lookup copying its
         prompt says nothing of how its model draft fares on the same request."""
-        source = prop.source or self.draft
-        bias = self.bias.get(source)
-        if bias is None:
-            bias = self.bias[source] = budget.RequestBias()
-        return bias
+        return self.bias.setdefault(prop.source or self.draft, budget.RequestBias())
 
     def gates(self, prop: Proposal | None) -> bool:
         """Whether a round of `prop` (None: nothing drafted) tells the acceptance that
@@ -301,14 +297,13 @@ class Scheduler:
             if wants_states:
                 r.proposer.observe_states(states)
         if r.proposer is not None:
-            if not r.gates(p.proposal):
-                pass  # a hybrid's lookup round: the model part's acceptance stays its own
-            elif k == 0 and p.drafted and r.proposer.drafting_costs:
+            gates = r.gates(p.proposal)  # a hybrid's lookup rounds leave its model part's acceptance alone
+            if gates and k == 0 and p.drafted and r.proposer.drafting_costs:
                 # drafted, not worth verifying: nothing learned about the target, so the row's estimate moves
                 # to what the draft's first token was believed worth (a draft judged weak round after round
                 # stops being drafted; a plausible one that did not pay this round keeps its chance)
                 r.acceptance.settle(self._survival(p)[0])
-            else:
+            elif gates:
                 r.acceptance.observe(k, n)
             r.stats.verified_per_round.append(k)
         record_round(r.stats, None if r.proposer is None else p.drafted, n, t1 - t0, t2 - t1)

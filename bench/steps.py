@@ -1,0 +1,67 @@
+"""Engine tokens/s of one arm at a fixed batch, timed over scheduler steps after
+prefill: no gateway, no clients, so two checkouts can be compared step for step
+(an A/B of an engine change). Run this file against each checkout in turn,
+alternating (PYTHONPATH names the checkout whose engine is timed):
+
+    PYTHONPATH=. .venv/bin/python bench/steps.py --arm plain --concurrency 16 --temperature 0.7
+    PYTHONPATH=../other .venv/bin/python bench/steps.py --arm plain --concurrency 16 --temperature 0.7
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+
+def run(arm: str, concurrency: int, temperature: float, steps: int, passes: int, data: Path) -> list[float]:
+    from engines.api import ChatMessage, GenerationRequest, SamplingParams
+    from engines.arms import Arm
+    from engines.builtin import BuiltinEngine
+    from engines.config import EngineConfig
+
+    engine = BuiltinEngine.from_config(EngineConfig(), start_worker=False)
+    sched = engine._sched  # driven by hand: the steps alone are timed
+    rows = [json.loads(line) for line in data.read_text().splitlines() if line.strip()]
+    prompts = [r["turns"][0][:400] for r in rows[:: max(len(rows) // concurrency, 1)]][:concurrency]
+    out = []
+    for n in range(passes):
+        for i, p in enumerate(prompts):
+            engine.submit(GenerationRequest(
+                request_id=f"{n}-{i}", messages=(ChatMessage("user", p),), arm=Arm.parse(arm),
+                sampling=SamplingParams(max_tokens=steps + 24, temperature=temperature, seed=i, ignore_eos=True)))
+            sched.waiting.append(engine._queue.get_nowait())
+        sched.admit()
+        while any(r.prefilled < r.prompt_len for r in sched.running):
+            sched.step()
+        before, t0 = sum(r.produced for r in sched.running), time.perf_counter()
+        for _ in range(steps):
+            sched.step()
+        out.append((sum(r.produced for r in sched.running) - before) / (time.perf_counter() - t0))
+        while sched.running:
+            sched.step()
+    engine.close()
+    return out
+
+
+def main() -> int:
+    from bench import cpu_model, default_data_path
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arm", default="plain", help="plain or DRAFT:G (default: %(default)s)")
+    ap.add_argument("--concurrency", type=int, default=16, help="rows decoding together (default: %(default)s)")
+    ap.add_argument("--temperature", type=float, default=0.7, help="(default: %(default)s)")
+    ap.add_argument("--steps", type=int, default=40, help="steps timed per pass (default: %(default)s)")
+    ap.add_argument("--passes", type=int, default=3, help="(default: %(default)s)")
+    ap.add_argument("--data", default=str(default_data_path()), help="Spec-Bench JSONL (default: %(default)s)")
+    a = ap.parse_args()
+    tps = run(a.arm, a.concurrency, a.temperature, a.steps, a.passes, Path(a.data))
+    print(f"machine: {cpu_model()}")
+    print(f"{a.arm} at concurrency {a.concurrency}, T={a.temperature:g}: "
+          f"{' '.join(f'{x:.1f}' for x in tps)} tok/s per pass")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
