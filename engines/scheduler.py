@@ -69,15 +69,19 @@ class Running:
     def produced(self) -> int:
         return len(self.out_ids)
 
+    def part(self, prop: Proposal) -> str:
+        """The draft that made `prop`: a hybrid's part, else the row's draft."""
+        return prop.source or self.draft
+
     def bias_of(self, prop: Proposal) -> budget.RequestBias:
         """The request's bias for the part that drafted `prop`: a hybrid's lookup copying its
         prompt says nothing of how its model draft fares on the same request."""
-        return self.bias.setdefault(prop.source or self.draft, budget.RequestBias())
+        return self.bias.setdefault(self.part(prop), budget.RequestBias())
 
     def gates(self, prop: Proposal | None) -> bool:
         """Whether a round of `prop` (None: nothing drafted) tells the acceptance that
         gates drafting: the part that runs a model (or the draft's only part)."""
-        return prop is None or (prop.source or self.draft) == (self.priced or self.draft)
+        return prop is None or self.part(prop) == (self.priced or self.draft)
 
 
 def calibration_key(draft: str, sampling: SamplingParams) -> tuple[str, bool]:
@@ -255,7 +259,7 @@ class Scheduler:
         """Expected tokens added by verifying each prefix of a row's drafts."""
         prop = p.proposal
         if prop.confidence is not None:
-            key = calibration_key(prop.source or p.row.draft, p.row.sampling)
+            key = calibration_key(p.row.part(prop), p.row.sampling)
             est = p.row.bias_of(prop).apply(self.calibration.estimate(key, prop.confidence))
         else:
             est = torch.full((p.drafted,), p.row.acceptance.value)
@@ -288,7 +292,7 @@ class Scheduler:
             if wants_states:
                 r.proposer.observe_states(states[: n + 1])  # the last token and the accepted drafts
             if p.proposal.confidence is not None:
-                key = calibration_key(p.proposal.source or r.draft, r.sampling)
+                key = calibration_key(r.part(p.proposal), r.sampling)
                 r.bias_of(p.proposal).observe(self.calibration.estimate(key, p.proposal.confidence), n)
                 self.calibration.observe(key, p.proposal.confidence, n)
         else:
@@ -366,7 +370,7 @@ class Scheduler:
         """Seconds per drafted token of a model draft (a moving average): the
         drafting price in the step budget. Prompt lookup's is left at zero (a
         hybrid's lookup tokens are not counted: the model draft took the time)."""
-        n = sum(int(p.token_ids.numel()) for p in props if (p.source or r.draft) == r.priced)
+        n = sum(int(p.token_ids.numel()) for p in props if r.part(p) == r.priced)
         if r.priced is None or n == 0:
             return
         old = self.drafting_s.get(r.priced)
