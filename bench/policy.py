@@ -22,7 +22,7 @@ def run(data: Path, repeats: int, rules_file: Path | None) -> dict:
     clf, model = CategoryClassifier.load(), prior_model()
     rules = load_rules(rules_file) if rules_file else NO_RULES
     engine = EngineConfig()  # the built-in engine's default menu: every draft, every γ it serves
-    arms = ArmMenu(tuple(d.name for d in engine.drafts), engine.gamma_min, engine.gamma_max)
+    arms = ArmMenu(tuple(d.name for d in engine.drafts), engine.gamma_min, engine.gamma_max, adaptive=engine.adaptive)
     rng = random.Random(0)
     feat_s, decide_s, total_s = [], [], []
     for _ in range(repeats):
