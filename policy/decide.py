@@ -9,6 +9,7 @@ propensity of the chosen arm is logged for offline evaluation."""
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass, field
 
@@ -75,14 +76,15 @@ def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None,
         return Decision(arm, "rule", reason=f"{where} forces {arm.name}", **base)
 
     guarded = _guarded_drafts(features, then, rng)
-    candidates = _allowed_arms(arms, then, guarded)
+    layout = _layout_for(arms, then, guarded)
+    candidates = layout.candidates
 
     # an arm the request asks for is held to the rule's drafts and γ bounds, not to the guard: the
     # guard judges the policy's own use of a draft (its tally counts policy-chosen requests only), and
     # a client asking for a fixed configuration (a benchmark's baseline) gets it, not plain instead
     requested = _parse_requested(features.requested_arm)
     if requested is not None and then.allow_requested_arm and \
-            requested in (_allowed_arms(arms, then, set()) if guarded else candidates):
+            requested in (_layout_for(arms, then, set()) if guarded else layout).candidates:
         return Decision(requested, "request", reason=f"requested arm {requested.name}, allowed by {where}", **base)
 
     if len(candidates) == 1:
@@ -93,21 +95,18 @@ def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None,
     # one table for the menu: row 0 at the mean of each draft's α, rows 1.. at Thompson draws from its posterior
     strength = then.explore if then.explore is not None else model.explore
     x = acceptance_features(features)
-    drafts = sorted({a.draft for a in candidates[1:]})
-    index = {d: j for j, d in enumerate(drafts)}
-    models = [model.draft(d) for d in drafts]
+    models = [model.draft(d) for d in layout.drafts]
     posterior = np.array([m.logit(x) for m in models])  # [D, 2]: mean and sd of logit α
-    z = _DRAWS[:, np.arange(len(drafts)) % _DRAWS.shape[1]] if strength > 0 else _MEAN_ONLY  # [1 + draws, D]
+    z = _DRAWS[:, layout.draw_columns] if strength > 0 else _MEAN_ONLY  # [1 + draws, D]
     # ufuncs: np.clip's wrapper costs more
     logit = np.minimum(np.maximum(posterior[:, 0] + strength * posterior[:, 1] * z, -30.0), 30.0)  # [1 + draws, D]
-    g_max = max(a.gamma for a in candidates[1:])
-    table = speed_table(models, 1.0 / (1.0 + np.exp(-logit)), features, g_max,
+    table = speed_table(models, 1.0 / (1.0 + np.exp(-logit)), features, layout.gamma_max,
                         [m.coverage(x) for m in models])  # [1 + draws, D, γ_max]
     # every candidate's speedup under each draw, a column per candidate (plain: 1 under every draw)
-    columns = [index[a.draft] * g_max + a.gamma - 1 for a in candidates[1:]]
-    drawn = np.concatenate([np.ones((table.shape[0], 1)), table.reshape(table.shape[0], -1)[:, columns]], axis=1)
+    drawn = np.concatenate([np.ones((table.shape[0], 1)), table.reshape(table.shape[0], -1)[:, layout.columns]],
+                           axis=1)
     at_mean = np.round(drawn[0], 4)
-    speed = dict(zip((a.name for a in candidates), at_mean.tolist()))
+    speed = dict(zip(layout.names, at_mean.tolist()))
     best = candidates[int(at_mean.argmax())]  # ties go to the earlier candidate: plain, then ArmMenu.by_preference
 
     # Thompson sampling among the safe arms: those predicted within EXPLORE_FLOOR of
@@ -154,13 +153,38 @@ def _guarded_drafts(f: RequestFeatures, then: Then, rng: random.Random) -> set[s
     return set() if reprobe else low
 
 
-def _allowed_arms(arms: ArmMenu, then: Then, guarded: set[str]) -> list[Arm]:
-    lo, hi = (then.gamma.min, then.gamma.max) if then.gamma is not None else (1, MAX_GAMMA)
+@dataclass(frozen=True)
+class _Layout:
+    """The arms a menu, a rule's bounds and the guard allow, and where each reads
+    the speed table: the same for every request they share, so made once."""
+
+    candidates: tuple[Arm, ...]  # plain first, then ArmMenu.by_preference's order
+    names: tuple[str, ...]
+    drafts: tuple[str, ...]  # the speed table's draft axis
+    gamma_max: int
+    columns: np.ndarray  # per speculative candidate: its column in the table's [D · γ_max] flattening
+    draw_columns: np.ndarray  # per draft: its column of _DRAWS
+
+
+def _layout_for(arms: ArmMenu, then: Then, guarded: set[str]) -> _Layout:
+    gamma = (then.gamma.min, then.gamma.max) if then.gamma is not None else (1, MAX_GAMMA)
+    return _layout(arms, None if then.drafts is None else tuple(then.drafts), gamma, frozenset(guarded))
+
+
+@functools.lru_cache(maxsize=512)
+def _layout(arms: ArmMenu, allowed: tuple[str, ...] | None, gamma: tuple[int, int],
+            guarded: frozenset[str]) -> _Layout:
+    lo, hi = gamma
     out = [PLAIN]  # always the reference; the router substitutes a served arm where no engine serves plain
     for d in arms.drafts:
-        if (then.drafts is None or d in then.drafts) and d not in guarded:
+        if (allowed is None or d in allowed) and d not in guarded:
             out.extend(a for a in arms.arms_of(d) if lo <= a.gamma <= hi)
-    return out
+    drafts = sorted({a.draft for a in out[1:]})
+    index = {d: j for j, d in enumerate(drafts)}
+    g_max = max((a.gamma for a in out[1:]), default=1)
+    columns = np.array([index[a.draft] * g_max + a.gamma - 1 for a in out[1:]], dtype=np.intp)
+    return _Layout(tuple(out), tuple(a.name for a in out), tuple(drafts), g_max, columns,
+                   np.arange(len(drafts)) % _DRAWS.shape[1])
 
 
 def _parse_requested(text: str | None) -> Arm | None:
