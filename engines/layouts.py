@@ -1,11 +1,19 @@
 """How matmul weights are laid out on CPU, and the one `linear` that runs them.
 
-Three layouts, chosen by the start-up profile (engines/profile.py) because the
+Four layouts, chosen by the start-up profile (engines/profile.py) because the
 project's CPUs disagree about which is fastest:
 
     dense       plain tensors, BLAS (MKL) matmuls
     oneDNN      weights re-laid in oneDNN's blocked format (won 1.4x on an AMD
                 EPYC, lost 1.4-1.6x on an Intel Xeon)
+    bfloat16    the matmuls alone in bfloat16 (weights and inputs rounded to it,
+                products summed in float32 by the CPU's bfloat16 kernels: AMX,
+                AVX512-BF16); everything else stays float32. On an Intel Xeon
+                with AMX a forward of SmolLM2's matmuls cost about the same for 1
+                to 16 rows, where float32's doubled from 3 rows up: a lone row
+                verifying 8 drafts took 1.17x a decode step instead of 1.5-2.1x,
+                16 rows decoding 0.73x float32's time. A row's result is the same
+                for up to 32 rows at once (float32 BLAS differs by row count).
     row packs   dense, plus copies MKL pre-packed for forwards of exactly n
                 rows (cblas_sgemm_pack). A BLAS matmul of a few rows repacks
                 the whole weight on every call: on the Intel Xeon a forward of
@@ -53,6 +61,19 @@ class RowPacked:
         return torch.ops.mkl._mkl_linear(xp, self.packed[n], self.dense, b, n)[:m]
 
 
+class Bf16:
+    """A float32 weight [out, in] whose matmuls run in bfloat16 (the float32 one
+    kept: what dense() and to_dense() give back)."""
+
+    def __init__(self, dense: torch.Tensor):
+        self.dense = dense
+        self.half = dense.to(torch.bfloat16)
+
+    def __call__(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        y = F.linear(x.to(torch.bfloat16), self.half).to(x.dtype)
+        return y if b is None else y + b
+
+
 def packed_rows(m: int, buckets: tuple[tuple[int, int], ...]) -> int | None:
     """The packed size a forward of m rows pads to (None: the plain matmul)."""
     for least, n in buckets:
@@ -67,7 +88,7 @@ def can_pack_rows(dtype: torch.dtype) -> bool:
 
 def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, in] @ w [out, in]^T (+ b), whatever w's layout."""
-    if isinstance(w, RowPacked):
+    if isinstance(w, (RowPacked, Bf16)):
         return w(x, b)
     if w.is_mkldnn:
         return torch._C._nn.mkldnn_linear(x.contiguous().to_mkldnn(), w, b).to_dense()
@@ -76,7 +97,7 @@ def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
 
 def dense(w) -> torch.Tensor:
     """The plain tensor of a weight in any layout."""
-    if isinstance(w, RowPacked):
+    if isinstance(w, (RowPacked, Bf16)):
         return w.dense
     return w.to_dense() if w.is_mkldnn else w
 
@@ -95,6 +116,21 @@ def pack_for_cpu(weights: LlamaWeights) -> None:
             if t is not None:
                 setattr(lw, name, t.to_mkldnn())
     weights.lm_head = weights.lm_head.to_mkldnn()
+
+
+def to_bf16(weights: LlamaWeights) -> None:
+    """Run the matmuls (and the head) in bfloat16; the float32 weights are kept for to_dense."""
+    to_dense(weights)
+    for lw in weights.layers:
+        for name in MATMULS:
+            setattr(lw, name, Bf16(getattr(lw, name)))
+    weights.lm_head = Bf16(weights.lm_head)
+
+
+def can_run_bf16(dtype: torch.dtype) -> bool:
+    """float32 weights on a CPU whose oneDNN runs bfloat16 natively (else it is emulated: not worth timing)."""
+    return dtype == torch.float32 and torch.backends.mkldnn.is_available() and \
+        bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def pack_rows(weights: LlamaWeights, buckets: tuple[tuple[int, int], ...]) -> None:
@@ -132,3 +168,7 @@ def to_dense(weights: LlamaWeights) -> None:
                 setattr(lw, name, dense(t))
     head = dense(weights.lm_head)
     weights.lm_head = weights.embed if head is not weights.embed and torch.equal(head, weights.embed) else head
+
+
+# the start-up profile's choices, by the name it logs: weights of every kind laid out one way
+LAYOUTS = {"dense": to_dense, "packed": pack_for_cpu, "bf16": to_bf16}

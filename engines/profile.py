@@ -1,12 +1,15 @@
 """The engine measures its machine instead of assuming it.
 
-At start-up, on CPU: time a decode step with the weights as they load (dense
-BLAS) and laid out for oneDNN, with every core and with one fewer, and keep
-the fastest (logged: on one of the project's CPUs oneDNN packing wins 1.4x, on
-another it loses 1.4-1.6x). With dense weights, time forwards of several
-tokens with and without MKL row packs (engines/layouts.py) and keep the packs
-that win. Then time forwards of a few batch shapes to fit the step-cost model
-the verification budget uses (engines/budget.py); the scheduler keeps
+At start-up, on CPU: time the three kinds of forward the engine runs (a decode
+step, a lone row verifying drafts, a batch decoding) with the weights as they
+load (dense BLAS), laid out for oneDNN, and with the matmuls in bfloat16 where
+the CPU runs it natively, each with every core and with one fewer, and keep the
+fastest (logged: on one of the project's CPUs oneDNN packing wins 1.4x, on
+another it loses 1.4-1.6x, and there bfloat16 matmuls cost the same for 1 to
+16 rows). With dense weights, time forwards of several tokens with and without
+MKL row packs (engines/layouts.py) and keep the packs that win. Then time
+forwards of a few batch shapes to fit the step-cost model the verification
+budget uses (engines/budget.py); the scheduler keeps
 refitting it from every step it runs.
 """
 
@@ -18,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engines.layouts import can_pack_rows, pack_for_cpu, pack_rows, route_rows, to_dense
+from engines.layouts import LAYOUTS, can_pack_rows, pack_rows, route_rows
 from engines.llama import LlamaModel, LlamaWeights
 from engines.stepcost import StepCost, features, fit
 
@@ -26,13 +29,17 @@ log = logging.getLogger(__name__)
 
 LONE_TOKENS = 9  # a lone row verifying up to 8 drafts (gamma_max's default)
 ROW_PACKS = (LONE_TOKENS, 16, 32)  # row counts MKL packs are tried for: a lone verification, batches
+# what a layout and thread count are judged by: a decode step, a lone row verifying 8 drafts, 16 rows decoding
+# (a decode step alone would not tell layouts apart whose cost differs with the rows the matmuls run)
+PROBE = [[(1, False)], [(LONE_TOKENS, True)], [(1, False)] * 16]
+LAYOUT_NAMES = {"dense": "dense", "packed": "oneDNN-packed", "bf16": "bfloat16-matmul"}
 
 
 @dataclass
 class Profile:
     threads: int
-    packed: bool
-    step_s: dict[str, float] = field(default_factory=dict)  # "<threads>t/<layout>" -> fastest decode step
+    layout: str  # a key of engines.layouts.LAYOUTS
+    step_s: dict[str, float] = field(default_factory=dict)  # "<threads>t/<layout>" -> the PROBE forwards' seconds
     cost: StepCost = field(default_factory=StepCost)
     buckets: tuple[tuple[int, int], ...] = ()  # MKL row packs kept: (least rows, packed rows)
     pack_s: dict[int, tuple[float, float]] = field(default_factory=dict)  # packed rows -> (dense, packed) forward
@@ -41,8 +48,9 @@ class Profile:
         others = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in sorted(self.step_s.items()))
         packs = ", ".join(f"{lo}-{n} tokens padded to {n} ({self.pack_s[n][1] * 1e3:.1f} against "
                           f"{self.pack_s[n][0] * 1e3:.1f} ms dense at {lo})" for lo, n in self.buckets)
-        return (f"{self.threads} threads, {'oneDNN-packed' if self.packed else 'dense'} weights (decode step: "
-                f"{others}); MKL row packs: {packs or 'none'}; step cost {self.cost.a * 1e3:.1f} ms + "
+        return (f"{self.threads} threads, {LAYOUT_NAMES[self.layout]} weights (a decode step, a lone row feeding "
+                f"{LONE_TOKENS} tokens and 16 rows decoding: {others}); MKL row packs: {packs or 'none'}; "
+                f"step cost {self.cost.a * 1e3:.1f} ms + "
                 f"{self.cost.b * 1e3:.2f} ms/matmul row + {self.cost.e * 1e3:.2f} ms/row feeding several + "
                 f"{self.cost.c * 1e3:.2f} ms/row + {self.cost.d * 1e3:.1f} ms beyond one token"
                 f"{self._packs_cost()}; one row, by tokens "
@@ -105,27 +113,35 @@ def fit_cost(model: LlamaModel, buckets: tuple[tuple[int, int], ...] = ()) -> St
     return fit(np.array(x), np.array(y), lone, buckets)
 
 
-def choose_layout(model: LlamaModel, weights: list[LlamaWeights], pack: bool | str, threads: int | None) -> Profile:
-    """Try dense and packed layouts (when allowed) and thread counts; leave the
-    fastest in place. `weights`: every weight set to lay out alike (the target's,
-    and drafts with their own)."""
+def layouts_to_try(pack: bool | str, bf16: bool | str) -> list[str]:
+    """The layouts the config allows (True forces one; "auto" lets the profile time it)."""
+    if bf16 is True:
+        return ["bf16"]
+    if pack is True:
+        return ["packed"]
+    return ["dense"] + (["packed"] if pack == "auto" else []) + (["bf16"] if bf16 == "auto" else [])
+
+
+def choose_layout(model: LlamaModel, weights: list[LlamaWeights], pack: bool | str, threads: int | None,
+                  bf16: bool | str = False) -> Profile:
+    """Try the layouts allowed (layouts_to_try) and thread counts on the PROBE
+    forwards; leave the fastest in place. `weights`: every weight set to lay out
+    alike (the target's, and drafts with their own)."""
     cores = torch.get_num_threads()
     thread_options = [threads] if threads else sorted({cores, max(1, cores - 1)}, reverse=True)
-    layouts = [False, True] if pack == "auto" else [bool(pack)]
-    timings: dict[tuple[int, bool], float] = {}
-    for layout in layouts:
+    timings: dict[tuple[int, str], float] = {}
+    for layout in layouts_to_try(pack, bf16):
         for w in weights:
-            (pack_for_cpu if layout else to_dense)(w)
+            LAYOUTS[layout](w)
         for n in thread_options:
             torch.set_num_threads(n)
-            timings[(n, layout)] = _fastest_steps(model, [[(1, False)]])[0]
+            timings[(n, layout)] = sum(_fastest_steps(model, PROBE))
     best_threads, best_layout = min(timings, key=timings.get)
     for w in weights:
-        (pack_for_cpu if best_layout else to_dense)(w)
+        LAYOUTS[best_layout](w)
     torch.set_num_threads(best_threads)
-    prof = Profile(best_threads, best_layout,
-                   {f"{n}t/{'packed' if p else 'dense'}": s for (n, p), s in timings.items()})
-    if not best_layout and pack == "auto" and can_pack_rows(model.dtype):
+    prof = Profile(best_threads, best_layout, {f"{n}t/{p}": s for (n, p), s in timings.items()})
+    if best_layout == "dense" and pack == "auto" and can_pack_rows(model.dtype):
         prof.buckets, prof.pack_s = choose_row_packs(model, weights)
     prof.cost = fit_cost(model, prof.buckets)
     return prof

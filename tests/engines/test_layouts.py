@@ -1,11 +1,25 @@
 """CPU weight layouts: every layout computes what dense weights do, for every
-row count, and laying out and back leaves the weights as they were."""
+row count (bfloat16 matmuls: what the bfloat16 product is), and laying out and
+back leaves the weights as they were."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from engines.layouts import RowPacked, can_pack_rows, dense, linear, pack_for_cpu, pack_rows, route_rows, to_dense
+from engines.layouts import (
+    LAYOUTS,
+    Bf16,
+    RowPacked,
+    can_pack_rows,
+    dense,
+    linear,
+    pack_for_cpu,
+    pack_rows,
+    route_rows,
+    to_bf16,
+    to_dense,
+)
+from engines.profile import choose_layout, layouts_to_try
 from tests.helpers import lean_from_hf, tiny_hf_model
 
 needs_mkl = pytest.mark.skipif(not can_pack_rows(torch.float32), reason="no MKL packed GEMM in this torch build")
@@ -26,14 +40,30 @@ def test_a_row_packed_weight_computes_the_dense_matmul_for_any_number_of_rows():
     torch.testing.assert_close(linear(x, packed), F.linear(x, w), rtol=1e-5, atol=1e-5)
 
 
+def test_a_bf16_weight_computes_the_bfloat16_product_in_float32_activations():
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(48, 24, generator=g), torch.randn(48, generator=g)
+    half = Bf16(w)
+    assert half.dense is w and half.half.dtype == torch.bfloat16
+    for m in (1, 3, 4, 9, 17):
+        x = torch.randn(m, 24, generator=g)
+        out = linear(x, half, b)
+        assert out.dtype == torch.float32 and out.shape == (m, 48)
+        assert torch.equal(out, F.linear(x.bfloat16(), w.bfloat16()).float() + b)  # the bias added in float32
+        # no further from float32 than rounding both factors to 8 bits of mantissa can take it (and the result)
+        bound = 3 * 2.0**-8 * (x.abs() @ w.abs().T)
+        assert ((out - F.linear(x, w, b)).abs() <= bound + 1e-6).all()
+
+
 @needs_mkl
-@pytest.mark.parametrize("layout", ["rows", "onednn"])
+@pytest.mark.parametrize("layout", ["rows", "onednn", "bf16"])
 def test_a_ragged_forward_matches_dense_weights_in_every_layout(layout):
     if layout == "onednn" and not torch.backends.mkldnn.is_available():
         pytest.skip("no oneDNN")
     hf = tiny_hf_model(vocab=64, hidden=32)
     ref, packed = lean_from_hf(hf, torch.float32), lean_from_hf(hf, torch.float32)
-    pack_rows(packed.weights, BUCKETS) if layout == "rows" else pack_for_cpu(packed.weights)
+    {"rows": lambda w: pack_rows(w, BUCKETS), "onednn": pack_for_cpu, "bf16": to_bf16}[layout](packed.weights)
+    tol = 5e-2 if layout == "bf16" else 1e-4  # bfloat16 rounds inputs to 8 bits of mantissa
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 64, (n,), generator=g) for n in (5, 9, 3, 7)]
     caches = {m: [m.new_cache(40) for _ in prompts] for m in (ref, packed)}
@@ -45,7 +75,7 @@ def test_a_ragged_forward_matches_dense_weights_in_every_layout(layout):
         ids = [torch.randint(0, 64, (n,), generator=g) for n in feeds]
         outs = {m: m.forward_many([(i, c, True) for i, c in zip(ids, caches[m])]) for m in (ref, packed)}
         for a, b in zip(outs[ref], outs[packed]):
-            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(b, a, rtol=tol, atol=tol)
 
 
 @needs_mkl
@@ -59,6 +89,8 @@ def test_laying_out_and_back_restores_the_dense_weights_and_a_tied_head():
     assert isinstance(w.layers[0].qkv, RowPacked) and isinstance(w.lm_head, RowPacked)
     pack_for_cpu(w)  # from one layout straight to another
     assert w.layers[0].qkv.is_mkldnn
+    to_bf16(w)
+    assert isinstance(w.layers[0].qkv, Bf16) and isinstance(w.lm_head, Bf16) and w.lm_head.dense is w.embed
     to_dense(w)
     assert w.lm_head is w.embed
     assert torch.equal(dense(w.layers[0].qkv), before[0]) and torch.equal(w.layers[-1].down, before[1])
@@ -81,3 +113,27 @@ def test_repacking_keeps_the_copies_already_packed_and_routing_packs_nothing():
     assert w.layers[0].qkv.buckets == () and w.layers[0].qkv.packed[9] is nine
     torch.testing.assert_close(linear(x, w.layers[0].qkv), F.linear(x, w.layers[0].qkv.dense))
     torch.testing.assert_close(packed_out, F.linear(x, w.layers[0].qkv.dense), rtol=1e-5, atol=1e-5)
+
+
+def test_the_config_decides_which_layouts_the_profile_times():
+    assert layouts_to_try("auto", "auto") == ["dense", "packed", "bf16"]
+    assert layouts_to_try("auto", False) == ["dense", "packed"]
+    assert layouts_to_try(False, "auto") == ["dense", "bf16"]
+    assert layouts_to_try(True, "auto") == ["packed"] and layouts_to_try("auto", True) == ["bf16"]
+    assert layouts_to_try(False, False) == ["dense"]
+
+
+def test_the_profile_leaves_the_layout_it_chose_in_place_for_every_weight_set():
+    hf = tiny_hf_model(vocab=64, hidden=32)
+    target, other = lean_from_hf(hf, torch.float32), lean_from_hf(hf, torch.float32)
+    threads = torch.get_num_threads()
+    try:
+        prof = choose_layout(target, [target.weights, other.weights], False, 1, bf16=True)
+        assert prof.layout == "bf16" and prof.threads == 1 and set(prof.step_s) == {"1t/bf16"}
+        assert all(isinstance(w.layers[0].gate_up, Bf16) for w in (target.weights, other.weights))
+        assert prof.cost.a > 0 and sorted(prof.cost.lone) == list(range(1, 10))
+        prof = choose_layout(target, [target.weights, other.weights], False, 1, bf16=False)
+        assert prof.layout == "dense" and not isinstance(other.weights.layers[0].gate_up, Bf16)
+        assert set(LAYOUTS) >= {prof.layout}
+    finally:
+        torch.set_num_threads(threads)
