@@ -1,7 +1,8 @@
 """Engine tokens/s of one arm at a fixed batch, timed over scheduler steps after
-prefill: no gateway, no clients, so two checkouts can be compared step for step
-(an A/B of an engine change). Run this file against each checkout in turn,
-alternating (PYTHONPATH names the checkout whose engine is timed):
+prefill: no gateway, no clients, so two checkouts (or two configs, --config)
+can be compared step for step (an A/B of an engine change). Run this file
+against each checkout in turn, alternating (PYTHONPATH names the checkout whose
+engine is timed):
 
     PYTHONPATH=. .venv/bin/python bench/steps.py --arm plain --concurrency 16 --temperature 0.7
     PYTHONPATH=../other .venv/bin/python bench/steps.py --arm plain --concurrency 16 --temperature 0.7
@@ -15,13 +16,15 @@ import time
 from pathlib import Path
 
 
-def run(arm: str, concurrency: int, temperature: float, steps: int, passes: int, data: Path) -> list[float]:
+def run(arm: str, concurrency: int, temperature: float, steps: int, passes: int, data: Path,
+        config: str | None = None) -> tuple[list[float], str]:
+    """tok/s per pass, and the start-up profile the engine chose."""
     from engines.api import ChatMessage, GenerationRequest, SamplingParams
     from engines.arms import Arm
     from engines.builtin import BuiltinEngine
-    from engines.config import EngineConfig
+    from engines.config import load_engine_config
 
-    engine = BuiltinEngine.from_config(EngineConfig(), start_worker=False)
+    engine = BuiltinEngine.from_config(load_engine_config(config), start_worker=False)
     sched = engine._sched  # driven by hand: the steps alone are timed
     rows = [json.loads(line) for line in data.read_text().splitlines() if line.strip()]
     prompts = [r["turns"][0][:400] for r in rows[:: max(len(rows) // concurrency, 1)]][:concurrency]
@@ -42,7 +45,7 @@ def run(arm: str, concurrency: int, temperature: float, steps: int, passes: int,
         while sched.running:
             sched.step()
     engine.close()
-    return out
+    return out, engine.profile.describe()
 
 
 def main() -> int:
@@ -55,9 +58,10 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=40, help="steps timed per pass (default: %(default)s)")
     ap.add_argument("--passes", type=int, default=3, help="(default: %(default)s)")
     ap.add_argument("--data", default=str(default_data_path()), help="Spec-Bench JSONL (default: %(default)s)")
+    ap.add_argument("--config", help="engine config YAML (default: the built-in SmolLM2 config)")
     a = ap.parse_args()
-    tps = run(a.arm, a.concurrency, a.temperature, a.steps, a.passes, Path(a.data))
-    print(f"machine: {cpu_model()}")
+    tps, profile = run(a.arm, a.concurrency, a.temperature, a.steps, a.passes, Path(a.data), a.config)
+    print(f"machine: {cpu_model()}; start-up profile: {profile}")
     print(f"{a.arm} at concurrency {a.concurrency}, T={a.temperature:g}: "
           f"{' '.join(f'{x:.1f}' for x in tps)} tok/s per pass")
     return 0

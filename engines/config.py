@@ -29,18 +29,21 @@ class TargetConfig(_Strict):
     threads: int | None = Field(None, ge=1)
     """torch intra-op threads. None: measured at start-up (every core, or one fewer if that is faster)."""
     pack_weights: bool | Literal["auto"] = "auto"
-    """On CPU in float32, lay matmul weights out for oneDNN. "auto": time a decode step both ways at
-    start-up and keep the faster (the packing that wins on one CPU loses 1.4-1.6x on another); with
-    dense weights, also keep MKL copies packed for forwards of a few rows where they win (each a copy
-    of the weights in memory; engines/layouts.py). False: plain dense weights only."""
-    bf16_matmuls: bool | Literal["auto"] = "auto"
+    """On CPU in float32, lay matmul weights out for oneDNN. "auto": time both ways at start-up (a
+    decode step, a lone 9-token verification and 16 rows decoding) and keep the faster (the packing
+    that wins on one CPU loses 1.4-1.6x on another); with dense weights, also keep MKL copies packed
+    for forwards of a few rows where they win (each a copy of the weights in memory;
+    engines/layouts.py). False: plain dense weights only."""
+    bf16_matmuls: bool | Literal["auto"] = False
     """On CPU in float32, run the matmuls alone in bfloat16 (weights and their inputs rounded to it,
-    products summed in float32; norms, attention and sampling stay float32). "auto": where the CPU runs
-    bfloat16 natively (AMX, AVX512-BF16), time it at start-up beside the other layouts and keep the
-    fastest; on an Intel Xeon with AMX it made a lone row's 8-draft verification cost 1.17x a decode
-    step instead of 1.5x and 16 rows decode 1.4x faster. The target is then the model as these
-    matmuls compute it (every arm alike: lossless against it); greedy outputs may differ from a
-    float32 run at numerical near-ties. True: always; False: never."""
+    products summed in float32; norms, attention and sampling stay float32). On an Intel Xeon with AMX
+    a lone row's 8-draft verification then cost 1.17x a decode step instead of 1.57x, and plain
+    decoding at concurrency 16 ran 1.17x faster (1.28x with prefills). Off by default: bfloat16's
+    rounding turns float32's last-bit differences between forward shapes into visible ones, so greedy
+    outputs of different arms (or of one arm verifying differently) may differ at near-ties (2 of 39
+    in `bench-engine`, none in float32); sampling stays lossless against the model so computed.
+    "auto": where the CPU runs bfloat16 natively (AMX, AVX512-BF16), time it at start-up beside the
+    other layouts and keep the fastest. True: always."""
 
 
 class NgramDraftConfig(_Strict):

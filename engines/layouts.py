@@ -12,8 +12,10 @@ project's CPUs disagree about which is fastest:
                 with AMX a forward of SmolLM2's matmuls cost about the same for 1
                 to 16 rows, where float32's doubled from 3 rows up: a lone row
                 verifying 8 drafts took 1.17x a decode step instead of 1.5-2.1x,
-                16 rows decoding 0.73x float32's time. A row's result is the same
-                for up to 32 rows at once (float32 BLAS differs by row count).
+                16 rows decoding 0.73x float32's time. Off unless configured
+                (target.bf16_matmuls): rounding to bfloat16 makes float32's
+                last-bit differences between forward shapes visible, so greedy
+                outputs of different arms may differ at near-ties.
     row packs   dense, plus copies MKL pre-packed for forwards of exactly n
                 rows (cblas_sgemm_pack). A BLAS matmul of a few rows repacks
                 the whole weight on every call: on the Intel Xeon a forward of

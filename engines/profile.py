@@ -2,8 +2,8 @@
 
 At start-up, on CPU: time the three kinds of forward the engine runs (a decode
 step, a lone row verifying drafts, a batch decoding) with the weights as they
-load (dense BLAS), laid out for oneDNN, and with the matmuls in bfloat16 where
-the CPU runs it natively, each with every core and with one fewer, and keep the
+load (dense BLAS), laid out for oneDNN, and, where the config allows it, with
+the matmuls in bfloat16, each with every core and with one fewer, and keep the
 fastest (logged: on one of the project's CPUs oneDNN packing wins 1.4x, on
 another it loses 1.4-1.6x, and there bfloat16 matmuls cost the same for 1 to
 16 rows). With dense weights, time forwards of several tokens with and without
