@@ -30,7 +30,6 @@ from engines.arms import ArmMenu
 from engines.config import EngineConfig
 from engines.drafts import ProposerFactory, build_drafts, may_pack
 from engines.errors import EngineError, InvalidRequest, Overloaded
-from engines.layouts import can_run_bf16
 from engines.loading import LoadedModel, default_cache_dir, default_target_path, load_model
 from engines.profile import Profile, choose_layout, fit_cost
 from engines.sampling import validate_sampling
@@ -191,7 +190,7 @@ class BuiltinEngine:
         if t.device == "cpu":
             weights = [target.model.weights] + drafts.weights
             prof = choose_layout(target.model, weights, t.pack_weights if may_pack(t) else False, t.threads,
-                                 t.bf16_matmuls if can_run_bf16(target.model.dtype) else False)
+                                 t.bf16_matmuls)
         else:
             if t.threads:
                 torch.set_num_threads(t.threads)

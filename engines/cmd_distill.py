@@ -47,11 +47,9 @@ def main(args) -> int:
     cache = Path(t.cache_dir) if t.cache_dir else default_cache_dir()
     target = load_model(t.path or default_target_path(), torch.float32, device, cache)
     if device == "cpu":  # generate the data with whatever layout this CPU runs fastest
-        from engines.layouts import can_run_bf16
         from engines.profile import choose_layout
 
-        prof = choose_layout(target.model, [target.model.weights], "auto", t.threads,
-                             t.bf16_matmuls if can_run_bf16(target.model.dtype) else False)
+        prof = choose_layout(target.model, [target.model.weights], "auto", t.threads, t.bf16_matmuls)
         print(f"start-up profile: {prof.describe()}", file=sys.stderr)
     out = Path(args.out) if args.out else (SHIPPED if t.path is None else Path("eagle-draft"))
     work = Path(args.work_dir) if args.work_dir else cache / "distill" / Path(target.source).name

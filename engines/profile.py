@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engines.layouts import LAYOUTS, can_pack_rows, pack_rows, route_rows
+from engines.layouts import LAYOUTS, can_pack_rows, can_run_bf16, pack_rows, route_rows
 from engines.llama import LlamaModel, LlamaWeights
 from engines.stepcost import StepCost, features, fit
 
@@ -129,6 +129,8 @@ def choose_layout(model: LlamaModel, weights: list[LlamaWeights], pack: bool | s
     alike (the target's, and drafts with their own)."""
     cores = torch.get_num_threads()
     thread_options = [threads] if threads else sorted({cores, max(1, cores - 1)}, reverse=True)
+    if bf16 == "auto" and not can_run_bf16(model.dtype):
+        bf16 = False  # emulated bfloat16 is not worth timing (True still forces it)
     timings: dict[tuple[int, str], float] = {}
     for layout in layouts_to_try(pack, bf16):
         for w in weights:
