@@ -76,7 +76,11 @@ class Running:
     def bias_of(self, prop: Proposal) -> budget.RequestBias:
         """The request's bias for the part that drafted `prop`: a hybrid's lookup copying its
         prompt says nothing of how its model draft fares on the same request."""
-        return self.bias.setdefault(self.part(prop), budget.RequestBias())
+        part = self.part(prop)
+        bias = self.bias.get(part)  # not setdefault: that would build a RequestBias on every call (per round)
+        if bias is None:
+            bias = self.bias[part] = budget.RequestBias()
+        return bias
 
     def gates(self, prop: Proposal | None) -> bool:
         """Whether a round of `prop` (None: nothing drafted) tells the acceptance that
