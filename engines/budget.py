@@ -25,9 +25,10 @@ rows are opened with their best prefix and extended a draft at a time, in
 order of expected tokens per added second, while that beats the batch's
 decoding rate (tokens emitted per second of a step without prefill chunks:
 what an accepted token saves is its row's share of a decode step): expected
-tokens over added seconds > emitted / seconds. Under MKL row packs the matmul
-rows are padded to a packed size, so the forward's cost is a staircase: the
-admissions are cut to the prefix whose exact price gives the best rate.
+tokens over added seconds > emitted / seconds. A forward's cost is not linear
+in its tokens (it jumps where the matmuls leave BLAS's small-matrix kernels for
+the MKL-packed copies, and after the first token): the admissions are cut to
+the prefix whose exact price gives the best rate.
 A lone decoding row's prefixes are judged whole against its measured steps.
 Alone, plausible drafts are verified; in a saturated batch only near-certain
 ones are. Verifying fewer drafts is only a smaller k: output stays exactly the
@@ -205,10 +206,10 @@ def admit(survivals: list[list[float]], base_tokens: int, emitted: int, cost: St
 
     Offers are ranked by a draft token's average price over all the drafts
     offered; what is admitted is then cut to the prefix of the admissions with
-    the best rate at the forward's exact price. Under MKL row packs a forward's
-    cost is a staircase (engines/stepcost.py): one token past a packed size
-    costs the jump to the next, the tokens after it nothing, so one slot never
-    pays for crossing while a dozen may.
+    the best rate at the forward's exact price. A forward's cost jumps where its
+    matmuls leave the small-matrix kernels (engines/stepcost.py): the token
+    that crosses costs the jump, so one slot may not pay for crossing where
+    several do.
 
     A slot costs what it adds to the whole forward, prefill included; the rate
     it must beat is the decoding rows' alone, emitted over a step without the
@@ -254,8 +255,8 @@ def admit(survivals: list[list[float]], base_tokens: int, emitted: int, cost: St
 
 def token_price(cost: StepCost, tokens: int, rows: int, multi: int, span: int) -> float:
     """A draft token's seconds on average over the next `span` added to a forward
-    of `tokens`: under row packs the forward's cost is a staircase, so the next
-    token alone may cost a whole jump or nothing."""
+    of `tokens`: the forward's cost jumps (engines/stepcost.py), so the next
+    token alone may cost a whole jump."""
     span = max(span, 1)
     return (cost.step(tokens + span, rows, multi) - cost.step(tokens, rows, multi)) / span
 
@@ -296,8 +297,8 @@ def threshold(cost: StepCost, tokens: int, rows: int, emitted: int, drafting_s: 
               span: int = 8) -> float:
     """The least survival worth drafting and verifying one more token on top
     of a first, in a step of this size: the token costs what it adds to the
-    forward (on average over the `span` tokens after the first: under row packs
-    the forward's cost is a staircase) and its drafting (`drafting_s`, zero for
+    forward (on average over the `span` tokens after the first: the forward's
+    cost jumps) and its drafting (`drafting_s`, zero for
     prompt lookup), and must bring at least the batch's rate back."""
     if emitted <= 0:
         return 0.0

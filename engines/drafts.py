@@ -58,7 +58,7 @@ def _hybrid(d: HybridDraftConfig, lookup: NgramDraftConfig, model: ProposerFacto
 
 
 def may_pack(t: TargetConfig) -> bool:
-    """Weight packing (oneDNN, MKL row packs) applies to float32 on CPU only."""
+    """Weight packing (oneDNN, MKL-packed copies) applies to float32 on CPU only."""
     return (t.pack_weights is not False and t.device == "cpu" and t.dtype == "float32"
             and torch.backends.mkldnn.is_available())
 

@@ -16,15 +16,18 @@ project's CPUs disagree about which is fastest:
                 (target.bf16_matmuls): rounding to bfloat16 makes float32's
                 last-bit differences between forward shapes visible, so greedy
                 outputs of different arms may differ at near-ties.
-    row packs   dense, plus copies MKL pre-packed for forwards of exactly n
-                rows (cblas_sgemm_pack). A BLAS matmul of a few rows repacks
+    row packs   dense, plus one copy MKL pre-packed (cblas_sgemm_pack) that runs
+                every forward of at least `least` rows (measured at start-up),
+                called with its own rows. A BLAS matmul of a few rows repacks
                 the whole weight on every call: on the Intel Xeon a forward of
-                SmolLM2 feeding 4 tokens cost 1.5x one feeding 3, and 9 tokens
-                2.1x one. A forward of m rows pads its input to the smallest
-                packed size that serves it (`buckets`: measured at start-up,
-                so only where padding beats the plain matmul); the padded rows
-                cost little next to reading the weights once. Each size costs
-                a copy of the weights in memory.
+                SmolLM2 feeding 4 tokens cost 1.6x one feeding 1 dense, 1.2x
+                packed. The copy is packed once, for PACKED_FOR rows, and
+                serves any row count (MKL's packed B does not depend on the
+                rows it was packed for; `packs_agree` checks that at start-up):
+                one copy for every size, without padding, was 12-18% faster
+                than copies per size padded to it for 4-6 tokens and for 18
+                rows, equal at 9, 3% slower at 16, and costs one copy of the
+                weights in memory instead of three.
 
 A row's result does not depend on the layout beyond float rounding (the same
 kind of difference as between BLAS kernels for different row counts).
@@ -43,24 +46,23 @@ if TYPE_CHECKING:
 MATMULS = ("qkv", "o", "gate_up", "down")
 
 
-class RowPacked:
-    """A dense weight [out, in] and MKL-packed copies of it, one per row count in `buckets`."""
+PACKED_FOR = 128  # the rows MKL packs each copy for: its blocking for prefill chunks, as good as packing for 9-32 below
 
-    def __init__(self, dense: torch.Tensor, buckets: tuple[tuple[int, int], ...],
-                 known: dict[int, torch.Tensor] | None = None):
+
+class RowPacked:
+    """A dense weight [out, in] and one MKL-packed copy of it, which runs every
+    forward of at least `least` rows (None: none)."""
+
+    def __init__(self, dense: torch.Tensor, least: int | None, packed: torch.Tensor | None = None):
         self.dense = dense
-        self.buckets = buckets  # (least rows, packed rows): forwards of least..packed rows pad to packed
-        known = known or {}  # copies already packed, by rows: not packed again
-        self.packed = {n: known[n] if n in known else torch.ops.mkl._mkl_reorder_linear_weight(dense, n)
-                       for _, n in buckets}
+        self.least = least
+        self.packed = torch.ops.mkl._mkl_reorder_linear_weight(dense, PACKED_FOR) if packed is None else packed
 
     def __call__(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         m = x.shape[0]
-        n = packed_rows(m, self.buckets)
-        if n is None:
+        if self.least is None or m < self.least:
             return F.linear(x, self.dense, b)
-        xp = x.contiguous() if m == n else torch.cat([x, x.new_zeros(n - m, x.shape[1])])  # [n, in]
-        return torch.ops.mkl._mkl_linear(xp, self.packed[n], self.dense, b, n)[:m]
+        return torch.ops.mkl._mkl_linear(x.contiguous(), self.packed, self.dense, b, m)  # m: the rows it runs
 
 
 class Bf16:
@@ -74,14 +76,6 @@ class Bf16:
     def __call__(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         y = F.linear(x.to(torch.bfloat16), self.half).to(x.dtype)
         return y if b is None else y + b
-
-
-def packed_rows(m: int, buckets: tuple[tuple[int, int], ...]) -> int | None:
-    """The packed size a forward of m rows pads to (None: the plain matmul)."""
-    for least, n in buckets:
-        if least <= m <= n:
-            return n
-    return None
 
 
 def can_pack_rows(dtype: torch.dtype) -> bool:
@@ -135,25 +129,41 @@ def can_run_bf16(dtype: torch.dtype) -> bool:
         bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def pack_rows(weights: LlamaWeights, buckets: tuple[tuple[int, int], ...]) -> None:
-    """Dense weights with MKL-packed copies for these buckets (none: plain dense);
-    a copy already packed for a size is kept, not packed again."""
+def pack_rows(weights: LlamaWeights, least: int | None) -> None:
+    """Dense weights, each with one MKL-packed copy for forwards of at least
+    `least` rows (None: plain dense, no copies); copies already packed are kept."""
     known = {id(w.dense): w.packed for w in _row_packed(weights)}
     to_dense(weights)
-    if not buckets:
+    if least is None:
         return
     for lw in weights.layers:
         for name in MATMULS:
             t = getattr(lw, name)
-            setattr(lw, name, RowPacked(t, buckets, known.get(id(t))))
-    weights.lm_head = RowPacked(weights.lm_head, buckets, known.get(id(weights.lm_head)))
+            setattr(lw, name, RowPacked(t, least, known.get(id(t))))
+    weights.lm_head = RowPacked(weights.lm_head, least, known.get(id(weights.lm_head)))
 
 
-def route_rows(weights: LlamaWeights, buckets: tuple[tuple[int, int], ...]) -> None:
-    """Which forwards row-packed weights pad to which of their packed sizes, without
-    packing anything (() : every forward dense): what the start-up profile times."""
+def route_rows(weights: LlamaWeights, least: int | None) -> None:
+    """From how many rows row-packed weights run their packed copies (None: never),
+    packing nothing: what the start-up profile times."""
     for w in _row_packed(weights):
-        w.buckets = buckets
+        w.least = least
+
+
+def packs_agree(weights: LlamaWeights, rows: tuple[int, ...] = (1, 5, 40), tol: float = 1e-4) -> bool:
+    """Whether every packed copy computes what its dense weight does at these
+    row counts (relative to the result's scale): one copy serves every size
+    only because MKL's packed layout does not depend on the rows it was packed
+    for, which no documentation promises."""
+    g = torch.Generator().manual_seed(0)
+    for w in _row_packed(weights):
+        for m in rows:
+            x = torch.randn(m, w.dense.shape[1], generator=g, dtype=w.dense.dtype)
+            want = F.linear(x, w.dense)
+            got = torch.ops.mkl._mkl_linear(x, w.packed, w.dense, None, m)
+            if not torch.allclose(got, want, rtol=tol, atol=tol * float(want.abs().max())):
+                return False
+    return True
 
 
 def _row_packed(weights: LlamaWeights) -> list[RowPacked]:

@@ -69,7 +69,7 @@ class LlamaConfig:
 @dataclass
 class LayerWeights:
     """One decoder layer's weights; on CPU the matmul weights (qkv, o, gate_up, down,
-    and the head) may be laid out for oneDNN or carry MKL row packs (engines/layouts.py):
+    and the head) may be laid out for oneDNN or carry MKL-packed copies (engines/layouts.py):
     read them through layouts.linear / layouts.dense."""
 
     attn_norm: torch.Tensor  # [E]

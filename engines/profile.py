@@ -7,7 +7,8 @@ the matmuls in bfloat16, each with every core and with one fewer, and keep the
 fastest (logged: on one of the project's CPUs oneDNN packing wins 1.4x, on
 another it loses 1.4-1.6x, and there bfloat16 matmuls cost the same for 1 to
 16 rows). With dense weights, time forwards of several tokens with and without
-MKL row packs (engines/layouts.py) and keep the packs that win. Then time
+a copy of the weights MKL packed (engines/layouts.py), from how many tokens
+it wins, and keep it from there. Then time
 forwards of a few batch shapes to fit the step-cost model the verification
 budget uses (engines/budget.py); the scheduler keeps
 refitting it from every step it runs.
@@ -21,14 +22,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engines.layouts import LAYOUTS, can_pack_rows, can_run_bf16, pack_rows, route_rows
+from engines.layouts import LAYOUTS, can_pack_rows, can_run_bf16, pack_rows, packs_agree, route_rows
 from engines.llama import LlamaModel, LlamaWeights
 from engines.stepcost import StepCost, features, fit
 
 log = logging.getLogger(__name__)
 
 LONE_TOKENS = 9  # a lone row verifying up to 8 drafts (gamma_max's default)
-ROW_PACKS = (LONE_TOKENS, 16, 32)  # row counts MKL packs are tried for: a lone verification, batches
+PACK_TRIALS = (*range(1, LONE_TOKENS + 1), 16, 32)  # the forwards dense and MKL-packed weights are timed at
 # what a layout and thread count are judged by: a decode step, a lone row verifying 8 drafts, 16 rows decoding
 # (a decode step alone would not tell layouts apart whose cost differs with the rows the matmuls run)
 PROBE = [[(1, False)], [(LONE_TOKENS, True)], [(1, False)] * 16]
@@ -41,15 +42,17 @@ class Profile:
     layout: str  # a key of engines.layouts.LAYOUTS
     step_s: dict[str, float] = field(default_factory=dict)  # "<threads>t/<layout>" -> the PROBE forwards' seconds
     cost: StepCost = field(default_factory=StepCost)
-    buckets: tuple[tuple[int, int], ...] = ()  # MKL row packs kept: (least rows, packed rows)
-    pack_s: dict[int, tuple[float, float]] = field(default_factory=dict)  # packed rows -> (dense, packed) forward
+    packed_from: int | None = None  # forwards of at least this many rows run the MKL-packed copies (None: none)
+    pack_s: dict[int, tuple[float, float]] = field(default_factory=dict)  # tokens -> (dense, packed) forward
 
     def describe(self) -> str:
         others = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in sorted(self.step_s.items()))
-        packs = ", ".join(f"{lo}-{n} tokens padded to {n} ({self.pack_s[n][1] * 1e3:.1f} against "
-                          f"{self.pack_s[n][0] * 1e3:.1f} ms dense at {lo})" for lo, n in self.buckets)
+        n = self.packed_from
+        packs = n and (f"from {n} tokens ({n}: {self.pack_s[n][1] * 1e3:.1f} against {self.pack_s[n][0] * 1e3:.1f} ms "
+                       f"dense; {LONE_TOKENS}: {self.pack_s[LONE_TOKENS][1] * 1e3:.1f} against "
+                       f"{self.pack_s[LONE_TOKENS][0] * 1e3:.1f})")
         return (f"{self.threads} threads, {LAYOUT_NAMES[self.layout]} weights (a decode step, a lone row feeding "
-                f"{LONE_TOKENS} tokens and 16 rows decoding: {others}); MKL row packs: {packs or 'none'}; "
+                f"{LONE_TOKENS} tokens and 16 rows decoding: {others}); MKL-packed copies: {packs or 'none'}; "
                 f"step cost {self.cost.a * 1e3:.1f} ms + "
                 f"{self.cost.b * 1e3:.2f} ms/matmul row + {self.cost.e * 1e3:.2f} ms/row feeding several + "
                 f"{self.cost.c * 1e3:.2f} ms/row + {self.cost.d * 1e3:.1f} ms beyond one token"
@@ -57,9 +60,7 @@ class Profile:
                 f"fed: {' '.join(f'{t}:{s * 1e3:.1f}' for t, s in sorted(self.cost.lone.items()))} ms")
 
     def _packs_cost(self) -> str:
-        if not self.buckets:
-            return ""
-        return f" + {self.cost.g * 1e3:.1f} ms packed + {self.cost.f * 1e3:.1f} ms beyond the packs"
+        return f" + {self.cost.g * 1e3:.1f} ms packed" if self.packed_from else ""
 
 
 def _fastest_steps(model: LlamaModel, shapes: list[list[tuple[int, bool]]], context: int = 64,
@@ -96,21 +97,21 @@ SHAPES = [[1] * 2, [1] * 4, [1] * 8, [1] * 16, [3] * 4, [1] * 6 + [5] * 2, [1] *
           [1] * 4 + [32], [1] * 8 + [128]]
 
 
-def fit_cost(model: LlamaModel, buckets: tuple[tuple[int, int], ...] = ()) -> StepCost:
+def fit_cost(model: LlamaModel, packed_from: int | None = None) -> StepCost:
     """Time a lone row feeding 1..LONE_TOKENS tokens (kept as measured) and
     forwards of the batched SHAPES; fit the step-cost model over all of them,
-    its matmul rows padded as the MKL row packs in place pad them."""
+    with forwards of at least `packed_from` tokens on the MKL-packed copies."""
     import numpy as np
 
     counts = list(range(1, LONE_TOKENS + 1))
     lone = dict(zip(counts, _fastest_steps(model, [[(t, t > 1)] for t in counts], repeats=5)))
-    x = [features(t, 1, int(t > 1), buckets) for t in lone]
+    x = [features(t, 1, int(t > 1), packed_from) for t in lone]
     y = list(lone.values())
     # a verifying row wants logits for every position; a prefill chunk (a feed longer than any
     # verification) only for its last
     y += _fastest_steps(model, [[(n, 1 < n <= LONE_TOKENS) for n in shape] for shape in SHAPES], repeats=3)
-    x += [features(sum(shape), len(shape), sum(n > 1 for n in shape), buckets) for shape in SHAPES]
-    return fit(np.array(x), np.array(y), lone, buckets)
+    x += [features(sum(shape), len(shape), sum(n > 1 for n in shape), packed_from) for shape in SHAPES]
+    return fit(np.array(x), np.array(y), lone, packed_from)
 
 
 def layouts_to_try(pack: bool | str, bf16: bool | str) -> list[str]:
@@ -145,38 +146,34 @@ def choose_layout(model: LlamaModel, weights: list[LlamaWeights], pack: bool | s
     torch.set_num_threads(best_threads)
     prof = Profile(best_threads, best_layout, {f"{n}t/{p}": s for (n, p), s in timings.items()})
     if best_layout == "dense" and pack == "auto" and can_pack_rows(model.dtype):
-        prof.buckets, prof.pack_s = choose_row_packs(model, weights)
-    prof.cost = fit_cost(model, prof.buckets)
+        prof.packed_from, prof.pack_s = choose_packed_from(model, weights)
+    prof.cost = fit_cost(model, prof.packed_from)
     return prof
 
 
-def choose_row_packs(model: LlamaModel, weights: list[LlamaWeights]) -> tuple[tuple, dict]:
-    """MKL row packs worth their memory, left in place: for each size n in
-    ROW_PACKS, a lone row's forward of n tokens with weights packed for n
-    against dense forwards of fewer tokens; n's bucket starts at the fewest
-    tokens above the last bucket from which every dense forward timed is the
-    slower (a forward of 2 or 3 tokens runs the fast small-matrix path: padding
-    it would cost more than it saves)."""
-    dense_at = sorted({*range(2, ROW_PACKS[0] + 1), *(n for n in ROW_PACKS), *(n + 1 for n in ROW_PACKS[:-1])})
+def choose_packed_from(model: LlamaModel, weights: list[LlamaWeights]) -> tuple[int | None, dict]:
+    """Pack every weight once for MKL, time lone forwards of PACK_TRIALS tokens
+    dense and packed (alternated, each kept at its fastest: drift moves both
+    alike), and keep the copies for forwards from the fewest tokens from which
+    packed won at every size timed (a forward of 1-3 tokens runs BLAS's fast
+    small-matrix path); none where it lost at the largest, or where the copies
+    do not compute what the dense weights do (packs_agree)."""
+    for w in weights:
+        pack_rows(w, 1)
     dense_s: dict[int, float] = {}
     packed_s: dict[int, float] = {}
-    every = tuple((n, n) for n in ROW_PACKS)
+    if all(packs_agree(w) for w in weights):
+        for r in range(4):
+            packed = r % 2 == 1
+            for w in weights:
+                route_rows(w, 1 if packed else None)
+            best = packed_s if packed else dense_s
+            for n, t in zip(PACK_TRIALS, _fastest_steps(model, [[(n, True)] for n in PACK_TRIALS], repeats=3)):
+                best[n] = min(best.get(n, t), t)
+    else:
+        log.warning("MKL-packed weights disagree with dense ones: not used")
+    won = [n for n in PACK_TRIALS if all(dense_s[k] > packed_s[k] for k in PACK_TRIALS if k >= n)] if packed_s else []
+    least = won[0] if won else None
     for w in weights:
-        pack_rows(w, every)  # once: the rounds below only route forwards to the copies or not
-    for r in range(4):  # dense and packed alternated, each kept at its fastest: drift moves both alike
-        packed = r % 2 == 1
-        for w in weights:
-            route_rows(w, every if packed else ())
-        sizes, best = (ROW_PACKS, packed_s) if packed else (dense_at, dense_s)
-        for n, t in zip(sizes, _fastest_steps(model, [[(n, True)] for n in sizes], repeats=3)):
-            best[n] = min(best.get(n, t), t)
-    buckets, last = [], 1
-    for n in ROW_PACKS:
-        timed = [m for m in dense_at if last < m <= n]
-        won = [m for m in timed if all(dense_s[k] > packed_s[n] for k in timed if k >= m)]
-        if won:
-            buckets.append((won[0], n))
-            last = n
-    for w in weights:
-        pack_rows(w, tuple(buckets))
-    return tuple(buckets), {n: (dense_s[lo], packed_s[n]) for lo, n in buckets}
+        pack_rows(w, least)
+    return least, {n: (dense_s[n], packed_s[n]) for n in packed_s}

@@ -4,8 +4,7 @@ Profiled at start-up (engines/profile.py) and refitted from every step the
 scheduler runs; the verification budget (engines/budget.py) prices drafting
 and verification with it. Many rows: a + b·(matmul rows) + c·rows + e·(rows
 feeding more than one token) (+ d once the forward feeds more than one token,
-+ g while MKL row packs run it, + f once it feeds more than the largest), by
-non-negative least squares. One row: a table of measured seconds per token
++ g once it runs the MKL-packed copies), by non-negative least squares. One row: a table of measured seconds per token
 count, times the machine's pace since.
 """
 
@@ -16,8 +15,6 @@ import collections
 import numpy as np
 from scipy.optimize import nnls
 
-from engines.layouts import packed_rows
-
 PACE_RATE = 0.1  # moving average of the machine's pace, from every lone step
 SHAPE_RATE = 0.05  # a lone table entry against the one-token step, from the steps of its size
 
@@ -25,16 +22,11 @@ SHAPE_RATE = 0.05  # a lone table entry against the one-token step, from the ste
 class StepCost:
     """Seconds of one target forward.
 
-    Many rows: a + b · m + c · rows + e · multi + d · [tokens > 1] + g ·
-    [packed] + f · [tokens > the largest row pack], least squares over a
-    sliding window of measured steps. `m` is the rows the matmuls run: the
-    tokens fed, or, under MKL row packs (engines/layouts.py), the packed size
-    they are padded to. The cost is then a staircase: at concurrency 16 on the
-    Intel Xeon a forward of 16 tokens took 77 ms, 17 tokens 88 ms and 32 tokens
-    91 ms, then 33 tokens (beyond the packs: f) 105 ms; priced by the tokens
-    fed, verifying one draft there looked to cost 1.7 ms where it cost 11. Two
-    rows feeding 3 tokens run the small-matrix kernels (33 ms), 4 tokens the
-    packed ones for 9 rows (46 ms): g is that switch. `multi` counts rows
+    Many rows: a + b · tokens + c · rows + e · multi + d · [tokens > 1] + g ·
+    [packed], least squares over a sliding window of measured steps. `packed`:
+    the forward's tokens reach `packed_from`, where the MKL-packed copies
+    (engines/layouts.py) take over from BLAS's small-matrix kernels; g is that
+    switch. `multi` counts rows
     feeding more than one token (verifying drafts, or a prefill chunk): such a
     row's attention leaves the one-query path and masks its new positions, so
     its first verified draft costs b + e and every further one b (at
@@ -57,10 +49,10 @@ class StepCost:
     2x a step, and a lone row verified nothing for whole requests."""
 
     def __init__(self, a: float = 0.03, b: float = 0.002, c: float = 0.0, d: float = 0.0, window: int = 400,
-                 lone: dict[int, float] | None = None, e: float = 0.0, f: float = 0.0, g: float = 0.0,
-                 buckets: tuple[tuple[int, int], ...] = ()):
-        self.a, self.b, self.c, self.d, self.e, self.f, self.g = a, b, c, d, e, f, g
-        self.buckets = buckets  # MKL row packs in use: (least rows, packed rows)
+                 lone: dict[int, float] | None = None, e: float = 0.0, g: float = 0.0,
+                 packed_from: int | None = None):
+        self.a, self.b, self.c, self.d, self.e, self.g = a, b, c, d, e, g
+        self.packed_from = packed_from  # forwards of at least this many tokens run MKL-packed copies
         self.lone: dict[int, float] = dict(lone or {})  # tokens fed by a lone row -> seconds at pace 1
         self.pace = 1.0  # the machine's speed now against the table's: a step's seconds over its entry
         self._unit = min(self.lone, default=1)  # the entry the others are learnt against
@@ -70,9 +62,8 @@ class StepCost:
 
     def seconds(self, tokens: int, rows: int, multi: int = 0) -> float:
         """The linear model: `features`' columns written out (the budget prices hundreds of forwards a step)."""
-        m, packed, beyond = kernel(tokens, self.buckets)
-        return (self.a + self.b * m + self.c * rows + self.e * multi + (self.d if tokens > 1 else 0.0)
-                + (self.g if packed else 0.0) + (self.f if beyond else 0.0))
+        return (self.a + self.b * tokens + self.c * rows + self.e * multi + (self.d if tokens > 1 else 0.0)
+                + (self.g if packed(tokens, self.packed_from) else 0.0))
 
     def step(self, tokens: int, rows: int, multi: int = 0) -> float:
         """What the budget prices a forward at: measured for one row where known, else the model."""
@@ -100,11 +91,11 @@ class StepCost:
         self._since_fit = 0
         if len(self._obs) < 20:
             return
-        x = np.array([features(t, r, m, self.buckets) for t, r, m, _ in self._obs])
+        x = np.array([features(t, r, m, self.packed_from) for t, r, m, _ in self._obs])
         y = np.array([s for *_, s in self._obs])
         # a column that does not vary in the window is not observable: its coefficient stays as it is
         fixed = [j for j in range(1, COLUMNS) if np.ptp(x[:, j]) == 0]
-        prior = np.array([self.a, self.b, self.c, self.e, self.d, self.f, self.g])
+        prior = np.array([self.a, self.b, self.c, self.e, self.d, self.g])
         free = [j for j in range(COLUMNS) if j not in fixed]
         y = y - x[:, fixed] @ prior[fixed]
         x = x[:, free]
@@ -120,34 +111,30 @@ class StepCost:
         self.c = float(new.get(2, self.c))
         self.e = float(new.get(3, self.e))
         self.d = float(new.get(4, self.d))
-        self.f = float(new.get(5, self.f))
-        self.g = float(new.get(6, self.g))
+        self.g = float(new.get(5, self.g))
 
 
-COLUMNS = 7  # a, b, c, e, d, f, g
+COLUMNS = 6  # a, b, c, e, d, g
 
 
-def features(tokens: int, rows: int, multi: int, buckets: tuple[tuple[int, int], ...] = ()) -> list[float]:
-    """One forward's row of the step-cost regression: the columns of a, b, c, e, d, f and g."""
-    m, packed, beyond = kernel(tokens, buckets)
-    return [1.0, float(m), float(rows), float(multi), float(tokens > 1), float(beyond), float(packed)]
+def features(tokens: int, rows: int, multi: int, packed_from: int | None = None) -> list[float]:
+    """One forward's row of the step-cost regression: the columns of a, b, c, e, d and g."""
+    return [1.0, float(tokens), float(rows), float(multi), float(tokens > 1), float(packed(tokens, packed_from))]
 
 
-def kernel(tokens: int, buckets: tuple[tuple[int, int], ...]) -> tuple[int, bool, bool]:
-    """How a forward's matmuls run under these row packs: their rows (padded to
-    the pack that serves them, if any), whether packed, whether beyond every pack."""
-    n = packed_rows(tokens, buckets)
-    return (tokens if n is None else n), n is not None, n is None and bool(buckets) and tokens > buckets[-1][1]
+def packed(tokens: int, packed_from: int | None) -> bool:
+    """Whether a forward of this many tokens runs the MKL-packed copies."""
+    return packed_from is not None and tokens >= packed_from
 
 
 def fit(x: np.ndarray, y: np.ndarray, lone: dict[int, float] | None = None,
-        buckets: tuple[tuple[int, int], ...] = ()) -> StepCost:
+        packed_from: int | None = None) -> StepCost:
     """A step-cost model from forwards timed at start-up (rows of `features`
-    over these row packs), by non-negative least squares (see StepCost.refit),
-    with a lone row's table."""
-    (a, b, c, e, d, f, g), _ = nnls(x, y)
+    with these packed copies), by non-negative least squares (see
+    StepCost.refit), with a lone row's table."""
+    (a, b, c, e, d, g), _ = nnls(x, y)
     return StepCost(max(float(a), 1e-4), max(float(b), 1e-5), float(c), float(d), lone=lone, e=float(e),
-                    f=float(f), g=float(g), buckets=buckets)
+                    g=float(g), packed_from=packed_from)
 
 
 def monotone(table: dict[int, float]) -> dict[int, float]:

@@ -224,25 +224,21 @@ def test_a_rows_first_verified_draft_pays_its_leaving_the_one_token_path():
     assert budget.admit([[0.3]] + [[]] * 15, base_tokens=16, emitted=16, cost=flat, rows=16)[0] == 1
 
 
-def test_under_row_packs_a_full_batch_crosses_to_the_next_packed_size_only_when_enough_drafts_pay():
-    packs = ((4, 9), (10, 16), (17, 32))
-    cost = StepCost(a=0.02, b=0.0007, c=0.0013, e=0.001, d=0.003, f=0.012, buckets=packs)
+def test_the_jump_to_the_packed_copies_is_crossed_only_when_enough_drafts_pay():
+    # two rows decoding run the small-matrix kernels; from 4 tokens the packed copies (+12 ms)
+    cost = StepCost(a=0.02, b=0.0007, c=0.0013, e=0.001, d=0.003, g=0.012, packed_from=4)
     flat = StepCost(a=0.02, b=0.0007, c=0.0013, e=0.001, d=0.003)
-    # 16 decoding rows fill the 16-row pack (55 ms): one draft pads the forward to 32 rows (+12.2 ms)
-    one = [[0.9]] + [[]] * 15
-    assert budget.admit(one, base_tokens=16, emitted=16, cost=cost, rows=16) == [0] * 16
-    assert budget.admit(one, base_tokens=16, emitted=16, cost=flat, rows=16)[0] == 1  # priced token by token
-    # four rows of sure drafts fill the 32-row pack between them: worth crossing for
-    many = [[0.9, 0.8, 0.7, 0.6]] * 4 + [[]] * 12
-    assert budget.admit(many, base_tokens=16, emitted=16, cost=cost, rows=16) == [4] * 4 + [0] * 12
-    # under a bound, a room short of the jump verifies nothing and drafts nothing
-    assert budget.admit(many, base_tokens=16, emitted=16, cost=cost, rows=16, room_s=0.01) == [0] * 16
-    assert budget.stretch_room(cost, 16, 16, 0.01, limit=8) == 0
-    assert budget.stretch_room(cost, 16, 16, 0.013, limit=8) == 8  # past the jump, the pack's rows are free
-    # 8 rows in the 9-row pack: the ninth token is free, the tenth pads to 16
-    assert budget.admit([[0.5]] + [[]] * 7, base_tokens=8, emitted=8, cost=cost, rows=8)[0] == 1
+    one = [[0.9, 0.5], []]  # a sure draft below the jump, an unsure one crossing it
+    assert budget.admit(one, base_tokens=2, emitted=2, cost=cost, rows=2) == [1, 0]
+    assert budget.admit(one, base_tokens=2, emitted=2, cost=flat, rows=2) == [2, 0]  # priced token by token
+    # a run of likely drafts shares the jump between them: worth crossing for
+    many = [[0.9, 0.85, 0.8, 0.8, 0.8, 0.8], []]
+    assert budget.admit(many, base_tokens=2, emitted=2, cost=cost, rows=2) == [6, 0]
+    # under a bound, a room short of the jump stops at the last token before it
+    assert budget.stretch_room(cost, 2, 2, 0.005, limit=8) == 1
+    assert budget.stretch_room(cost, 2, 2, 0.02, limit=8) == 8
     # ... so a model draft's next token is judged at the average over the tokens it may draft
-    assert budget.threshold(cost, 8, 8, 8) < budget.threshold(cost, 8, 8, 8, span=1) / 2
+    assert budget.threshold(cost, 2, 2, 2) < budget.threshold(cost, 2, 2, 2, span=1) / 2
 
 
 def test_a_collapsed_row_drifts_back_and_probes_again():
@@ -285,11 +281,11 @@ def engine_with(target: LlamaModel, words, cost, **drafts) -> BuiltinEngine:
     return engine_over(target, words, max_context=64, gamma_max=4, cost=cost, **drafts)
 
 
-# row packs' staircase: three rows' 3 tokens run unpadded, a fourth pads to 9 (the jump g + 6b)
-STAIRS = StepCost(a=0.05, b=0.002, c=0.0, g=0.002, f=0.02, buckets=((4, 9), (10, 16)))
+# the packed copies: three rows' 3 tokens run the small-matrix kernels, a fourth token jumps by g
+JUMP = StepCost(a=0.05, b=0.002, c=0.0, g=0.006, packed_from=4)
 
 
-@pytest.mark.parametrize("cost", [EXPENSIVE, STAIRS], ids=["linear", "staircase"])
+@pytest.mark.parametrize("cost", [EXPENSIVE, JUMP], ids=["linear", "jump"])
 def test_greedy_output_is_plain_output_when_the_budget_cuts_drafts(cost):
     target = tiny_loaded(scale=4.0)
     sub = LlamaModel(target.model.cfg, target.model.weights, [0, 1])

@@ -15,6 +15,7 @@ from engines.layouts import (
     linear,
     pack_for_cpu,
     pack_rows,
+    packs_agree,
     route_rows,
     to_bf16,
     to_dense,
@@ -23,21 +24,44 @@ from engines.profile import choose_layout, layouts_to_try
 from tests.helpers import lean_from_hf, tiny_hf_model
 
 needs_mkl = pytest.mark.skipif(not can_pack_rows(torch.float32), reason="no MKL packed GEMM in this torch build")
-BUCKETS = ((4, 9), (10, 16))
+LEAST = 4  # forwards of at least this many rows run the packed copy
 
 
 @needs_mkl
 def test_a_row_packed_weight_computes_the_dense_matmul_for_any_number_of_rows():
     g = torch.Generator().manual_seed(0)
     w, b = torch.randn(48, 24, generator=g), torch.randn(48, generator=g)
-    packed = RowPacked(w, BUCKETS)
-    for m in range(1, 21):  # below, inside and above the buckets, padded or not
+    packed = RowPacked(w, LEAST)
+    for m in (*range(1, 21), 127, 128, 129, 300):  # dense below LEAST; one copy, packed once, for any rows above
         x = torch.randn(m, 24, generator=g)
         out = linear(x, packed, b)
         assert out.shape == (m, 48)
         torch.testing.assert_close(out, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
     x = torch.randn(12, 48, generator=g)[:, ::2]  # a strided input, as a slice of a wider activation
     torch.testing.assert_close(linear(x, packed), F.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+@needs_mkl
+def test_a_row_s_result_does_not_depend_on_the_rows_beside_it_on_the_packed_copy():
+    # what keeps a verification's matmuls computing what decode steps of its rows would,
+    # past LEAST: the packed kernels' sums do not change with the row count
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(96, 64, generator=g)
+    packed = RowPacked(w, LEAST)
+    x = torch.randn(40, 64, generator=g)
+    whole = linear(x, packed)
+    for m in (LEAST, 9, 17, 33):
+        assert torch.equal(linear(x[:m], packed), whole[:m])
+
+
+@needs_mkl
+def test_packs_agree_catches_a_packed_copy_that_computes_something_else():
+    w = lean_from_hf(tiny_hf_model(vocab=64, hidden=32), torch.float32).weights
+    pack_rows(w, LEAST)
+    assert packs_agree(w)
+    other = RowPacked(torch.randn_like(w.layers[1].o.dense), LEAST)
+    w.layers[1].o.packed = other.packed  # a copy packed from different values
+    assert not packs_agree(w)
 
 
 def test_a_bf16_weight_computes_the_bfloat16_product_in_float32_activations():
@@ -62,15 +86,15 @@ def test_a_ragged_forward_matches_dense_weights_in_every_layout(layout):
         pytest.skip("no oneDNN")
     hf = tiny_hf_model(vocab=64, hidden=32)
     ref, packed = lean_from_hf(hf, torch.float32), lean_from_hf(hf, torch.float32)
-    {"rows": lambda w: pack_rows(w, BUCKETS), "onednn": pack_for_cpu, "bf16": to_bf16}[layout](packed.weights)
+    {"rows": lambda w: pack_rows(w, LEAST), "onednn": pack_for_cpu, "bf16": to_bf16}[layout](packed.weights)
     tol = 5e-2 if layout == "bf16" else 1e-4  # bfloat16 rounds inputs to 8 bits of mantissa
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 64, (n,), generator=g) for n in (5, 9, 3, 7)]
     caches = {m: [m.new_cache(40) for _ in prompts] for m in (ref, packed)}
     for m in (ref, packed):
         m.forward_many([(p, c, False) for p, c in zip(prompts, caches[m])])
-    # a decode row, two verifying rows and a prefill chunk (12 tokens: padded to 16), then 7 tokens
-    # (padded to 9); the head sees the same row counts, every position wanting logits
+    # a decode row, two verifying rows and a prefill chunk (12 tokens), then 7 tokens twice (row
+    # packs: on the packed copies); the head sees the same row counts, every position wanting logits
     for feeds in ([1, 5, 4, 2], [1, 1, 2, 3], [4, 1, 1, 1]):
         ids = [torch.randint(0, 64, (n,), generator=g) for n in feeds]
         outs = {m: m.forward_many([(i, c, True) for i, c in zip(ids, caches[m])]) for m in (ref, packed)}
@@ -85,7 +109,7 @@ def test_laying_out_and_back_restores_the_dense_weights_and_a_tied_head():
     w = lean.weights
     w.lm_head = w.embed  # tied
     before = [t.clone() for t in (w.layers[0].qkv, w.layers[-1].down)]
-    pack_rows(w, BUCKETS)
+    pack_rows(w, LEAST)
     assert isinstance(w.layers[0].qkv, RowPacked) and isinstance(w.lm_head, RowPacked)
     pack_for_cpu(w)  # from one layout straight to another
     assert w.layers[0].qkv.is_mkldnn
@@ -94,7 +118,7 @@ def test_laying_out_and_back_restores_the_dense_weights_and_a_tied_head():
     to_dense(w)
     assert w.lm_head is w.embed
     assert torch.equal(dense(w.layers[0].qkv), before[0]) and torch.equal(w.layers[-1].down, before[1])
-    pack_rows(w, ())  # no buckets: plain dense
+    pack_rows(w, None)  # no copies: plain dense
     assert not isinstance(w.layers[0].qkv, RowPacked) and w.lm_head is w.embed
 
 
@@ -102,15 +126,14 @@ def test_laying_out_and_back_restores_the_dense_weights_and_a_tied_head():
 def test_repacking_keeps_the_copies_already_packed_and_routing_packs_nothing():
     lean = lean_from_hf(tiny_hf_model(vocab=64, hidden=32), torch.float32)
     w = lean.weights
-    pack_rows(w, BUCKETS)
-    nine, head_nine = w.layers[0].qkv.packed[9], w.lm_head.packed[9]
-    pack_rows(w, ((4, 9),))  # a size dropped, one kept: the kept copy is the same tensor
-    assert w.layers[0].qkv.packed[9] is nine and w.lm_head.packed[9] is head_nine
-    assert set(w.layers[0].qkv.packed) == {9}
+    pack_rows(w, 1)
+    copy, head_copy = w.layers[0].qkv.packed, w.lm_head.packed
+    pack_rows(w, LEAST)  # from another row count: the copies are the same tensors
+    assert w.layers[0].qkv.packed is copy and w.lm_head.packed is head_copy and w.layers[0].qkv.least == LEAST
     x = torch.randn(6, 32)
     packed_out = linear(x, w.layers[0].qkv)
-    route_rows(w, ())  # every forward dense, the copies left as they are
-    assert w.layers[0].qkv.buckets == () and w.layers[0].qkv.packed[9] is nine
+    route_rows(w, None)  # every forward dense, the copies left as they are
+    assert w.layers[0].qkv.least is None and w.layers[0].qkv.packed is copy
     torch.testing.assert_close(linear(x, w.layers[0].qkv), F.linear(x, w.layers[0].qkv.dense))
     torch.testing.assert_close(packed_out, F.linear(x, w.layers[0].qkv.dense), rtol=1e-5, atol=1e-5)
 

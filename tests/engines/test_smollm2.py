@@ -133,10 +133,10 @@ def test_the_start_up_profile_measured_this_machine(engine):
     best = min(prof.step_s, key=prof.step_s.get)
     assert best == f"{prof.threads}t/{prof.layout}"
     assert sorted(prof.cost.lone) == list(range(1, 10)) and prof.cost.lone[9] > prof.cost.lone[1]
-    # MKL row packs kept only where a padded packed forward beat the dense one, in disjoint buckets
-    for (lo, n), later in zip(prof.buckets, prof.buckets[1:] + ((None, None),)):
-        dense_s, packed_s = prof.pack_s[n]
-        assert 2 <= lo <= n and packed_s < dense_s and (later[0] is None or later[0] > n)
+    # MKL-packed copies kept only from where they beat dense weights at every size timed
+    if prof.packed_from is not None:
+        assert all(packed < dense for n, (dense, packed) in prof.pack_s.items() if n >= prof.packed_from)
+        assert prof.cost.packed_from == prof.packed_from
 
 
 def test_streamed_text_is_the_whole_decode_on_the_real_tokenizer(engine):

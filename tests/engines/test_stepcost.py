@@ -4,7 +4,7 @@ row's measured table kept monotone."""
 import numpy as np
 import pytest
 
-from engines.stepcost import StepCost, features, fit, kernel
+from engines.stepcost import StepCost, features, fit, packed
 
 
 def test_the_step_cost_model_is_refitted_from_steps():
@@ -20,44 +20,37 @@ def test_the_start_up_fit_recovers_the_model_and_keeps_every_price_non_negative(
     shapes = [(t, 1, int(t > 1)) for t in range(1, 10)] + [(2, 2, 0), (8, 8, 0), (16, 16, 0), (12, 4, 4),
                                                            (14, 8, 2), (24, 16, 4), (36, 5, 1)]
     x = np.array([features(*s) for s in shapes])
-    true = np.array([0.02, 0.001, 0.0005, 0.002, 0.003, 0.0, 0.0])  # a, b, c, e, d, f, g
+    true = np.array([0.02, 0.001, 0.0005, 0.002, 0.003, 0.0])  # a, b, c, e, d, g
     cost = fit(x, x @ true, lone={1: 0.03})
-    assert [cost.a, cost.b, cost.c, cost.e, cost.d, cost.f, cost.g] == pytest.approx(list(true), abs=1e-9)
+    assert [cost.a, cost.b, cost.c, cost.e, cost.d, cost.g] == pytest.approx(list(true), abs=1e-9)
     assert cost.lone == {1: 0.03}
     # rows that got cheaper as they were added (noise on a busy machine): unconstrained, c would be
     # negative and every other price bent to match; here it is zero
-    cost = fit(x, x @ np.array([0.02, 0.001, -0.0004, 0.002, 0.003, 0.0, 0.0]))
+    cost = fit(x, x @ np.array([0.02, 0.001, -0.0004, 0.002, 0.003, 0.0]))
     assert cost.c == 0.0 and min(cost.a, cost.b, cost.e, cost.d) >= 0.0
 
 
-def test_under_row_packs_the_price_is_a_staircase_of_padded_matmul_rows():
-    packs = ((4, 9), (10, 16), (17, 32))
-    assert [kernel(t, packs)[0] for t in (1, 3, 4, 9, 10, 17, 32, 33)] == [1, 3, 9, 9, 16, 32, 32, 33]
-    assert [kernel(t, packs)[1:] for t in (3, 4, 32, 33)] == [(False, False), (True, False), (True, False),
-                                                             (False, True)]
-    assert kernel(40, ()) == (40, False, False)
+def test_the_price_jumps_where_forwards_move_to_the_packed_copies():
+    assert [packed(t, 4) for t in (1, 3, 4, 40)] == [False, False, True, True] and not packed(40, None)
     shapes = [(t, 1, int(t > 1)) for t in range(1, 10)] + [(2, 2, 0), (3, 2, 1), (4, 4, 0), (8, 8, 0), (16, 16, 0),
                                                            (12, 4, 4), (16, 8, 2), (28, 16, 4), (36, 5, 1),
                                                            (136, 9, 1)]
-    true = np.array([0.02, 0.0007, 0.0013, 0.001, 0.003, 0.012, 0.006])  # a, b, c, e, d, f, g
-    x = np.array([features(*s, packs) for s in shapes])
-    cost = fit(x, x @ true, buckets=packs)
-    assert [cost.a, cost.b, cost.c, cost.e, cost.d, cost.f, cost.g] == pytest.approx(list(true), abs=1e-9)
-    # 16 rows: one verified draft costs the jump to 32 padded rows, fifteen more nothing, one beyond the packs f
-    at16 = cost.step(16, 16)
-    assert cost.step(17, 16, 1) - at16 == pytest.approx(16 * 0.0007 + 0.001)
-    assert cost.step(32, 16, 1) == cost.step(17, 16, 1)
-    assert cost.step(33, 16, 1) - cost.step(32, 16, 1) == pytest.approx(0.0007 + 0.012 - 0.006)
-    # 2 rows: the fourth token leaves the small-matrix kernels for the 9-row pack (g)
-    assert cost.step(4, 2, 1) - cost.step(3, 2, 1) == pytest.approx(6 * 0.0007 + 0.006)
-    # without packs the same coefficients price tokens one by one
-    flat = fit(np.array([features(*s) for s in shapes]), np.array([features(*s) for s in shapes]) @ true)
-    assert flat.step(17, 16, 1) - flat.step(16, 16) == pytest.approx(0.0007 + 0.001)
-    for _ in range(60):  # refitted from steps over the same packs: the staircase is kept
+    true = np.array([0.02, 0.0007, 0.0013, 0.001, 0.003, 0.006])  # a, b, c, e, d, g
+    x = np.array([features(*s, 4) for s in shapes])
+    cost = fit(x, x @ true, packed_from=4)
+    assert [cost.a, cost.b, cost.c, cost.e, cost.d, cost.g] == pytest.approx(list(true), abs=1e-9)
+    # 2 rows: the fourth token leaves the small-matrix kernels for the packed copies (g) ...
+    assert cost.step(4, 2, 1) - cost.step(3, 2, 1) == pytest.approx(0.0007 + 0.006)
+    # ... and from there every token costs b (and a row's first, e)
+    assert cost.step(17, 16, 1) - cost.step(16, 16) == pytest.approx(0.0007 + 0.001)
+    assert cost.step(33, 16, 1) - cost.step(32, 16, 1) == pytest.approx(0.0007)
+    # without packed copies the same coefficients have no jump
+    flat = StepCost(a=0.02, b=0.0007, c=0.0013, e=0.001, d=0.003, g=0.006)
+    assert flat.step(4, 2, 1) - flat.step(3, 2, 1) == pytest.approx(0.0007)
+    for _ in range(60):  # refitted from steps with the same copies: the jump is kept
         for t, r, m in shapes[9:]:
-            cost.observe(t, r, float(np.dot(true, features(t, r, m, packs))), m)
-    assert cost.b == pytest.approx(0.0007, rel=0.01) and cost.f == pytest.approx(0.012, rel=0.01)
-    assert cost.g == pytest.approx(0.006, rel=0.01)
+            cost.observe(t, r, float(np.dot(true, features(t, r, m, 4))), m)
+    assert cost.b == pytest.approx(0.0007, rel=0.01) and cost.g == pytest.approx(0.006, rel=0.01)
 
 
 def test_the_jump_beyond_one_token_is_fitted_and_kept_when_not_observable():
