@@ -26,7 +26,7 @@ project's CPUs disagree about which is fastest:
                 rows it was packed for; `packs_agree` checks that at start-up):
                 one copy for every size, without padding, was 12-18% faster
                 than copies per size padded to it for 4-6 tokens and for 18
-                rows, equal at 9, 3% slower at 16, and costs one copy of the
+                rows, equal at 9, 4% slower at 16, and costs one copy of the
                 weights in memory instead of three.
 
 A row's result does not depend on the layout beyond float rounding (the same

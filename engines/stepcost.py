@@ -2,10 +2,10 @@
 
 Profiled at start-up (engines/profile.py) and refitted from every step the
 scheduler runs; the verification budget (engines/budget.py) prices drafting
-and verification with it. Many rows: a + b·(matmul rows) + c·rows + e·(rows
-feeding more than one token) (+ d once the forward feeds more than one token,
-+ g once it runs the MKL-packed copies), by non-negative least squares. One row: a table of measured seconds per token
-count, times the machine's pace since.
+and verification with it. Many rows: a + b·tokens + c·rows + e·(rows feeding
+more than one token) (+ d once the forward feeds more than one token, + g once
+it runs the MKL-packed copies), by non-negative least squares. One row: a table
+of measured seconds per token count, times the machine's pace since.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ class StepCost:
     [packed], least squares over a sliding window of measured steps. `packed`:
     the forward's tokens reach `packed_from`, where the MKL-packed copies
     (engines/layouts.py) take over from BLAS's small-matrix kernels; g is that
-    switch. `multi` counts rows
-    feeding more than one token (verifying drafts, or a prefill chunk): such a
-    row's attention leaves the one-query path and masks its new positions, so
-    its first verified draft costs b + e and every further one b (at
+    switch (on the Intel Xeon, 5-9 ms). `multi` counts rows feeding more than
+    one token (verifying drafts, or a prefill chunk): such a row's attention
+    leaves the one-query path and masks its new positions, so its first
+    verified draft costs b + e and every further one b (at
     concurrency 16 on the 2-core CPU, regressed step by step: e 1.8-1.9 ms, b
     0.9-1.35 ms; priced at b alone, a row's first draft looked 2-3x cheaper
     than it is). `d` is what leaving the one-token kernels costs for the whole
