@@ -60,7 +60,7 @@ class RowPacked:
 
     def __call__(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         m = x.shape[0]
-        if self.least is None or m < self.least:
+        if not runs_packed(m, self.least):
             return F.linear(x, self.dense, b)
         return torch.ops.mkl._mkl_linear(x.contiguous(), self.packed, self.dense, b, m)  # m: the rows it runs
 
@@ -76,6 +76,12 @@ class Bf16:
     def __call__(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         y = F.linear(x.to(torch.bfloat16), self.half).to(x.dtype)
         return y if b is None else y + b
+
+
+def runs_packed(rows: int, least: int | None) -> bool:
+    """Whether a forward of this many rows runs the MKL-packed copies (the step
+    cost prices the switch by the same rule)."""
+    return least is not None and rows >= least
 
 
 def can_pack_rows(dtype: torch.dtype) -> bool:

@@ -15,6 +15,8 @@ import collections
 import numpy as np
 from scipy.optimize import nnls
 
+from engines.layouts import runs_packed
+
 PACE_RATE = 0.1  # moving average of the machine's pace, from every lone step
 SHAPE_RATE = 0.05  # a lone table entry against the one-token step, from the steps of its size
 
@@ -63,7 +65,7 @@ class StepCost:
     def seconds(self, tokens: int, rows: int, multi: int = 0) -> float:
         """The linear model: `features`' columns written out (the budget prices hundreds of forwards a step)."""
         return (self.a + self.b * tokens + self.c * rows + self.e * multi + (self.d if tokens > 1 else 0.0)
-                + (self.g if packed(tokens, self.packed_from) else 0.0))
+                + (self.g if runs_packed(tokens, self.packed_from) else 0.0))
 
     def step(self, tokens: int, rows: int, multi: int = 0) -> float:
         """What the budget prices a forward at: measured for one row where known, else the model."""
@@ -119,12 +121,7 @@ COLUMNS = 6  # a, b, c, e, d, g
 
 def features(tokens: int, rows: int, multi: int, packed_from: int | None = None) -> list[float]:
     """One forward's row of the step-cost regression: the columns of a, b, c, e, d and g."""
-    return [1.0, float(tokens), float(rows), float(multi), float(tokens > 1), float(packed(tokens, packed_from))]
-
-
-def packed(tokens: int, packed_from: int | None) -> bool:
-    """Whether a forward of this many tokens runs the MKL-packed copies."""
-    return packed_from is not None and tokens >= packed_from
+    return [1.0, float(tokens), float(rows), float(multi), float(tokens > 1), float(runs_packed(tokens, packed_from))]
 
 
 def fit(x: np.ndarray, y: np.ndarray, lone: dict[int, float] | None = None,

@@ -4,7 +4,8 @@ row's measured table kept monotone."""
 import numpy as np
 import pytest
 
-from engines.stepcost import StepCost, features, fit, packed
+from engines.layouts import runs_packed
+from engines.stepcost import StepCost, features, fit
 
 
 def test_the_step_cost_model_is_refitted_from_steps():
@@ -31,7 +32,7 @@ def test_the_start_up_fit_recovers_the_model_and_keeps_every_price_non_negative(
 
 
 def test_the_price_jumps_where_forwards_move_to_the_packed_copies():
-    assert [packed(t, 4) for t in (1, 3, 4, 40)] == [False, False, True, True] and not packed(40, None)
+    assert [runs_packed(t, 4) for t in (1, 3, 4, 40)] == [False, False, True, True] and not runs_packed(40, None)
     shapes = [(t, 1, int(t > 1)) for t in range(1, 10)] + [(2, 2, 0), (3, 2, 1), (4, 4, 0), (8, 8, 0), (16, 16, 0),
                                                            (12, 4, 4), (16, 8, 2), (28, 16, 4), (36, 5, 1),
                                                            (136, 9, 1)]
