@@ -31,9 +31,9 @@ class TargetConfig(_Strict):
     pack_weights: bool | Literal["auto"] = "auto"
     """On CPU in float32, lay matmul weights out for oneDNN. "auto": time both ways at start-up (a
     decode step, a lone 9-token verification and 16 rows decoding) and keep the faster (the packing
-    that wins on one CPU loses 1.4-1.6x on another); with dense weights, also keep MKL copies packed
-    for forwards of a few rows where they win (each a copy of the weights in memory;
-    engines/layouts.py). False: plain dense weights only."""
+    that wins on one CPU loses 1.4-1.6x on another); with dense weights, also keep one MKL-packed
+    copy of the weights (in memory beside them) for forwards from the row count where it wins
+    (engines/layouts.py). False: plain dense weights only."""
     bf16_matmuls: bool | Literal["auto"] = False
     """On CPU in float32, run the matmuls alone in bfloat16 (weights and their inputs rounded to it,
     products summed in float32; norms, attention and sampling stay float32). On an Intel Xeon with AMX
