@@ -10,7 +10,7 @@ import torch
 from engines.api import SamplingParams
 from engines.config import EagleDraftConfig, EngineConfig, HybridDraftConfig, NgramDraftConfig
 from engines.proposers import EagleProposer, HybridProposer, NgramProposer, Proposal
-from engines.scheduler import Running
+from engines.running import Running
 from tests.engines.test_eagle import assert_greedy_is_plain, assert_sampling_follows, eagle_for
 from tests.helpers import WORDS, lean_from_hf, tiny_hf_model
 
