@@ -24,7 +24,9 @@ def add_arguments(p) -> None:
                                  "for the default target, else ./eagle-draft)")
     p.add_argument("--work-dir", help="data and checkpoints (default: <cache>/distill/<target>)")
     p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps (default: %(default)s)")
-    p.add_argument("--prompts", type=int, default=d.prompts, help="prompts answered; 0 = each once (default)")
+    p.add_argument("--prompts", type=int, default=d.prompts,
+                   help="prompts answered: the dev split's and the templates once, then templates again "
+                        "(sampled answers differ); 0 = each once (default: %(default)s)")
     p.add_argument("--max-new", type=int, default=d.max_new, help="tokens per answer (default: %(default)s)")
     p.add_argument("--vocab", type=int, default=d.vocab, help="draft vocabulary size (default: %(default)s)")
     p.add_argument("--held-out", type=int, default=d.held_out,

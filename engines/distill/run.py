@@ -32,13 +32,13 @@ class Settings:
     data_path: Path
     out: Path
     work: Path
-    prompts: int = 0  # 0: every prompt once
+    prompts: int = 1400  # the dev split's and the templates once, then templates again (0: every prompt once)
     held_out: int = 3
     max_new: int = 192
     gen_batch: int = 64
     vocab: int = 8192
     feature_layers: tuple[int, ...] = (2, 15, -1)
-    steps: int = 700
+    steps: int = 1100
     batch: int = 8
     seq_len: int = 256
     lr: float = 6e-4
