@@ -189,7 +189,8 @@ def run(s: Settings, target: LoadedModel) -> dict:
         "training": {"steps": stats["steps"], "batch": s.batch, "seq_len": s.seq_len, "lr": s.lr, "seed": s.seed,
                      "training_time_test_steps": s.tts_steps, "train_s": stats["train_s"],
                      "positions_seen": stats["positions_seen"]},
-        "command": "specgate distill" + ("" if s.steps == Settings.steps else f" --steps {s.steps}"),
+        "command": "specgate distill" + ("" if s.prompts == Settings.prompts else f" --prompts {s.prompts}")
+                   + ("" if s.steps == Settings.steps else f" --steps {s.steps}"),
         "created": time.strftime("%Y-%m-%d"),
     }
     save_draft(s.out, head.export(), ids, card)
