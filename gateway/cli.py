@@ -30,6 +30,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "distill": ("engines.cmd_distill", "train a draft for the target (EAGLE-style head) and write it with its card"),
     "bench": ("bench.specbench.cli", "end to end on Spec-Bench: fixed arms, adaptive, the oracle, the learning "
                                      "curve; JSON, Markdown and plots"),
+    "bench-replay": ("bench.specbench.replay", "what a policy would have realised on a bench run's concurrency-1 "
+                                               "requests, offline"),
     "bench-engine": ("bench.engine", "every arm against plain and HF generate on Spec-Bench prompts"),
     "bench-load": ("bench.load", "throughput and latency of every arm at concurrency 1..32"),
     "bench-gateway": ("bench.gateway", "gateway added latency and echo-engine throughput"),

@@ -9,4 +9,5 @@ JSON, a Markdown report and PNG plots.
     analysis.py   pure arithmetic: oracle, speedups, identity check, curves
     report.py     Markdown and plots
     cli.py        arguments and the order of the phases
+    replay.py     `specgate bench-replay`: a run's concurrency-1 requests priced for any policy, offline
 """

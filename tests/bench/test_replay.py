@@ -1,0 +1,95 @@
+"""`specgate bench-replay`: a policy's choices priced by a run's fixed-arm measurements."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.specbench import replay
+from bench.specbench.workload import WorkloadError
+from gateway import cli
+from policy.classifier import CategoryClassifier
+from policy.model import prior_model
+from policy.rules import load_rules
+
+# per request: (tokens, seconds) under plain, ngram:8, eagle:6; request 1 is the one where the head wins
+TIMES = [((60, 3.0), (60, 2.0), (60, 2.5)),
+         ((40, 2.0), (40, 1.8), (40, 1.0)),
+         ((80, 4.0), (78, 2.6), (80, 3.9))]
+MODES = ["plain", "ngram:8", "eagle:6", "adaptive"]
+
+
+@pytest.fixture
+def run(tmp_path):
+    data = tmp_path / "dev.jsonl"
+    prompts = ["Summarize the following text: the cat sat on the mat. " * 4, "Write a poem about rain.",
+               "def add(a, b):\n    return a + b\n# fix this function"]
+    data.write_text("".join(json.dumps({"question_id": f"q{i}", "category": f"c{i}", "turns": [p]}) + "\n"
+                            for i, p in enumerate(prompts)))
+    ms = [dict(idx=i, mode=mode, concurrency=1, repeat=0, output_tokens=t, latency_s=s)
+          for i, arms in enumerate(TIMES) for mode, (t, s) in zip(MODES, arms)]
+    ms.append(dict(idx=0, mode="adaptive", concurrency=1, repeat=0, output_tokens=60, latency_s=2.0))
+    bench = dict(settings=dict(data=str(data), per_category=1, temperatures=[0.0, 0.7], seed=0, max_tokens=64,
+                               modes=MODES), requests=[dict(idx=i, question_id=f"q{i}") for i in range(3)],
+                 measurements=ms)
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(bench))
+    return bench, path, tmp_path
+
+
+def _rules(tmp_path, force: str):
+    p = tmp_path / f"rules-{force.replace(':', '')}.yaml"
+    p.write_text(f"default: {{force: '{force}'}}\nrules: []\n")
+    return load_rules(p)
+
+
+def _speed(col: int) -> float:
+    return sum(r[col][0] for r in TIMES) / sum(r[col][1] for r in TIMES)
+
+
+def test_a_forced_arm_replays_as_that_arms_measurements(run):
+    bench, _, tmp = run
+    requests = replay.workload_of(bench)
+    clf, model = CategoryClassifier.load(), prior_model()
+    out = replay.replay(bench, requests, model, _rules(tmp, "ngram:8"), clf, draws=10)
+    assert out["vs_plain"] == pytest.approx(_speed(1) / _speed(0))
+    assert out["choices"] == {"ngram:8": 3}
+    assert out["best_fixed"] == "ngram:8"
+    # the oracle takes ngram:8 for requests 0 and 2, the head for request 1
+    oracle = (60 + 40 + 78) / (2.0 + 1.0 + 2.6)
+    assert out["oracle_vs_plain"] == pytest.approx(oracle / _speed(0))
+    assert out["vs_oracle"] == pytest.approx(_speed(1) / oracle)
+    plain = replay.replay(bench, requests, model, _rules(tmp, "plain"), clf, draws=10)
+    assert plain["vs_plain"] == pytest.approx(1.0) and plain["choices"] == {"plain": 3}
+
+
+def test_a_policy_that_explores_lands_between_its_arms_and_follows_its_draws(run):
+    bench, _, _ = run
+    requests = replay.workload_of(bench)
+    clf, model = CategoryClassifier.load(), prior_model()
+    from policy.rules import NO_RULES
+
+    out = replay.replay(bench, requests, model, NO_RULES, clf, draws=50)
+    assert sum(out["choices"].values()) == pytest.approx(3, abs=0.2)  # shares, rounded per arm
+    assert min(out["fixed_vs_plain"].values()) <= out["vs_plain"] <= out["oracle_vs_plain"]
+    model.explore = 0.0  # the mean's choice alone: one arm per request
+    greedy = replay.replay(bench, requests, model, NO_RULES, clf, draws=5)
+    assert all(float(n).is_integer() for n in greedy["choices"].values())
+
+
+def test_a_data_file_that_does_not_give_the_runs_requests_is_refused(run):
+    bench, _, tmp = run
+    other = tmp / "other.jsonl"
+    other.write_text(json.dumps({"question_id": "zz", "category": "c0", "turns": ["hi"]}) + "\n")
+    with pytest.raises(WorkloadError, match="run's requests"):
+        replay.workload_of(bench, str(other))
+
+
+def test_the_command_prints_the_ratios_and_refuses_a_missing_file(run, capsys):
+    _, path, tmp = run
+    assert cli.main(["bench-replay", str(path), "--explore", "0", "--draws", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "3 requests" in out and "x plain" in out and "the oracle" in out
+    assert cli.main(["bench-replay", str(tmp / "nope.json")]) == 2
+    assert "error:" in capsys.readouterr().err
