@@ -47,6 +47,7 @@ _CAT_INDEX = {c: i for i, c in enumerate(CATEGORIES)}
 # (prior_draft); at 1.0 its draws served the head or lookup alone for half the requests, where its
 # mean chose the hybrid for most: 0.3-1.6% slower than at 0.5 in `specgate bench-replay`
 PRIOR_LOGIT_SD = 0.5
+TEMPERATURE, INTERCEPT = 2 * N_CATEGORIES, N_FEATURES - 1  # positions in acceptance_features
 
 
 def expected_tokens_per_round(alpha: float, gamma: int) -> float:
@@ -138,9 +139,10 @@ def prior_draft(kind: str) -> DraftModel:
 
     The cost side comes from the engine benchmarks (verifying k tokens costs ~0.06 of a
     step each alone, more in a full batch); the acceptance side's intercept and
-    temperature slope per draft were fit by least squares on log speedup over plain to a
-    `specgate bench --concurrency 1 --no-adaptive` run on dev prompts the default
-    workload does not use (each category's rows 4-6: 31 requests, every fixed arm each).
+    temperature slope per draft were fit by least squares on log speedup over plain
+    (`specgate bench-replay --fit-prior`) to a `specgate bench --concurrency 1
+    --no-adaptive` run on dev prompts the default workload does not use (each category's
+    rows 4-6: 31 requests, every fixed arm each).
     Acceptance here is therefore what makes the speed come out right, not a measured
     acceptance rate: the adaptive engine verifies only what it expects to keep. That run
     measured prompt lookup (ngram:8) 1.15x plain, the EAGLE head 1.14x, the hybrid (lookup
@@ -150,7 +152,7 @@ def prior_draft(kind: str) -> DraftModel:
     with Thompson sampling against 1.19x with the previous prior, 0.96x the oracle against
     0.95x; the mean's choice alone 1.22x (0.97x the oracle) against 1.19x."""
     w = np.zeros(N_FEATURES)
-    t, t2, _top_p, copy, rep, code, _nonascii, _plen, _turns, _lratio, bias = range(2 * N_CATEGORIES, N_FEATURES)
+    t, t2, _top_p, copy, rep, code, _nonascii, _plen, _turns, _lratio, bias = range(TEMPERATURE, N_FEATURES)
     if kind == "ngram":
         w[copy], w[rep], w[code], w[t], w[bias] = 2.5, 2.0, 1.0, -1.6, -0.75
         # verifying k more tokens per row costs ~0.06·k of a step alone, ~0.37·k in a batch of 16

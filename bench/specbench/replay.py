@@ -8,6 +8,13 @@ is the policy's speed over plain, the best fixed arm and the per-request
 oracle, as the bench reports them, in seconds instead of the bench's 15-40
 minutes: a prior or a learned model can be judged on a run it did not see.
 
+`--fit-prior` also fits each fixed draft's prior intercept and temperature
+slope (policy/model.py::prior_draft) to the run, each draft on its own. A fit
+is a candidate, not a verdict: 31-39 noisy requests leave the drafts' levels
+loosely identified, and a fit that prices each draft's speed well can still
+rank them badly (one put the head alone above the hybrid that contains it).
+Fit on one run; judge by replaying others.
+
 Its limits: the menu is the run's fixed drafts (each with the engine adapting
 γ within its bound, so a draft chosen at any γ reads as that draft's measured
 arm), decisions see no load and no live guard, and the ratios carry the run's
@@ -21,6 +28,8 @@ import random
 import sys
 from collections import Counter
 from pathlib import Path
+
+import numpy as np
 
 from bench.specbench.analysis import ok
 from bench.specbench.runner import ADAPTIVE
@@ -48,11 +57,19 @@ def workload_of(bench: dict, data: str | None = None):
     return requests
 
 
+def features_of(r, settings: dict, classifier, model):
+    """What the gateway's policy saw for a request at concurrency 1 (gateway/service.py)."""
+    from policy.features import build_features
+
+    return build_features(r.prompt, prompt_tokens=max(1, len(r.prompt) // 4), temperature=r.temperature, top_p=1.0,
+                          max_tokens=settings["max_tokens"], classifier=classifier, model=model,
+                          category_hint=r.category if settings.get("category_hints") else None)
+
+
 def replay(bench: dict, requests, model, rules, classifier, draws: int = 200, seed: int = 0) -> dict:
     """The policy's expected tokens and seconds per request, and its ratios."""
     from engines.arms import Arm, ArmMenu
     from policy.decide import decide
-    from policy.features import build_features
 
     fixed = [a for a in bench["settings"]["modes"] if a != ADAPTIVE]
     by_draft = {Arm.parse(a).draft: a for a in fixed}  # None: plain
@@ -67,9 +84,7 @@ def replay(bench: dict, requests, model, rules, classifier, draws: int = 200, se
     for r in requests:
         if any((r.idx, a) not in ms for a in fixed):
             continue  # a failed request under some arm: no full information for it
-        f = build_features(r.prompt, prompt_tokens=max(1, len(r.prompt) // 4), temperature=r.temperature,
-                           top_p=1.0, max_tokens=st["max_tokens"], classifier=classifier, model=model,
-                           category_hint=r.category if st.get("category_hints") else None)
+        f = features_of(r, st, classifier, model)
         chosen = Counter(by_draft[decide(f, rules, model, rng, arms).arm.draft] for _ in range(draws))
         for arm, n in chosen.items():
             m = ms[(r.idx, arm)]
@@ -93,6 +108,46 @@ def replay(bench: dict, requests, model, rules, classifier, draws: int = 200, se
                 choices={a: round(n, 1) for a, n in shares.most_common()})
 
 
+def fit_prior(bench: dict, requests, classifier, model) -> dict[str, dict]:
+    """Each fixed draft's prior intercept and temperature slope (policy/model.py::prior_draft),
+    fit by least squares on log speedup over plain to the run's measurements; the prior's
+    other coefficients stay. Each request's squared error is capped at 0.16 (a ratio of
+    1.5): a sampled answer that ends early reads slow for its prefill, not its draft."""
+    from scipy.optimize import minimize
+
+    from engines.arms import Arm
+    from policy.model import INTERCEPT, TEMPERATURE, DraftModel, draft_kind, prior_draft, speedups_at
+
+    st = bench["settings"]
+    ms = measured(bench)
+    feats = [(r, features_of(r, st, classifier, model)) for r in requests]
+    out = {}
+    for arm in (a for a in st["modes"] if a not in ("plain", ADAPTIVE)):
+        a = Arm.parse(arm)
+        kind = draft_kind(a.draft)
+        prior = prior_draft(kind)
+        rows = [(f, ms[(r.idx, arm)], ms[(r.idx, "plain")]) for r, f in feats if (r.idx, arm) in ms and
+                (r.idx, "plain") in ms]
+
+        def loss(p, prior=prior, rows=rows, gamma=a.gamma):
+            w = list(prior.accept_coef)
+            w[INTERCEPT], w[TEMPERATURE] = p
+            m = DraftModel(w, None, prior.cost_coef, prior.overhead_steps, prior.overhead_per_prompt_token)
+            err = 0.0
+            for f, mine, plain in rows:
+                real = (mine["output_tokens"] / mine["latency_s"]) / (plain["output_tokens"] / plain["latency_s"])
+                e = np.log(speedups_at(m, m.alpha(f), f, [gamma])[0]) - np.log(real)
+                err += min(e * e, 0.16)
+            return err
+
+        start = [prior.accept_coef[INTERCEPT], prior.accept_coef[TEMPERATURE]]
+        best = minimize(loss, start, method="Nelder-Mead")
+        out[arm] = dict(kind=kind, requests=len(rows), intercept=round(float(best.x[0]), 3),
+                        temperature=round(float(best.x[1]), 3), prior=[round(v, 3) for v in start],
+                        loss=round(float(best.fun), 4), prior_loss=round(float(loss(start)), 4))
+    return out
+
+
 def add_arguments(p) -> None:
     p.add_argument("bench_json", help="a `specgate bench` run's bench.json (it needs concurrency 1)")
     p.add_argument("--policy", help="policy model JSON (default: the prior, as a cold gateway starts)")
@@ -100,6 +155,9 @@ def add_arguments(p) -> None:
     p.add_argument("--data", help="the run's workload JSONL, if not where the run read it")
     p.add_argument("--explore", type=float, help="override the model's exploration strength (0 = its mean's choice)")
     p.add_argument("--draws", type=int, default=200, help="decisions per request (default: %(default)s)")
+    p.add_argument("--fit-prior", action="store_true",
+                   help="also fit each fixed draft's prior intercept and temperature slope to the run (fit on a run "
+                        "the replays do not judge)")
 
 
 def main(args) -> int:
@@ -120,11 +178,17 @@ def main(args) -> int:
     if not any(m.get("concurrency") == 1 for m in bench["measurements"]):
         print("error: the run has no concurrency-1 measurements", file=sys.stderr)
         return 2
-    out = replay(bench, requests, model, rules, CategoryClassifier.load(), max(args.draws, 1))
+    classifier = CategoryClassifier.load()
+    out = replay(bench, requests, model, rules, classifier, max(args.draws, 1))
     print(f"{out['requests']} requests of {args.bench_json} replayed through policy {model.version} "
           f"(explore {model.explore:g})")
     print(f"  {out['vs_plain']:.4f}x plain, {out['vs_best_fixed']:.4f}x the best fixed arm ({out['best_fixed']}), "
           f"{out['vs_oracle']:.4f}x the oracle ({out['oracle_vs_plain']:.4f}x plain)")
     print("  fixed arms: " + ", ".join(f"{a} {v:.4f}x" for a, v in out["fixed_vs_plain"].items()))
     print("  requests served: " + ", ".join(f"{a} {n:g}" for a, n in out["choices"].items()))
+    if args.fit_prior:
+        for arm, fit in fit_prior(bench, requests, classifier, model).items():
+            print(f"  prior for {arm} ({fit['kind']}, {fit['requests']} requests): intercept {fit['intercept']:g}, "
+                  f"temperature slope {fit['temperature']:g} (now {fit['prior'][0]:g}, {fit['prior'][1]:g}; "
+                  f"squared log error {fit['loss']:g} against {fit['prior_loss']:g})")
     return 0

@@ -10,7 +10,7 @@ from bench.specbench import replay
 from bench.specbench.workload import WorkloadError
 from gateway import cli
 from policy.classifier import CategoryClassifier
-from policy.model import prior_model
+from policy.model import INTERCEPT, TEMPERATURE, DraftModel, prior_draft, prior_model, speedups_at
 from policy.rules import load_rules
 
 # per request: (tokens, seconds) under plain, ngram:8, eagle:6; request 1 is the one where the head wins
@@ -78,6 +78,25 @@ def test_a_policy_that_explores_lands_between_its_arms_and_follows_its_draws(run
     assert all(float(n).is_integer() for n in greedy["choices"].values())
 
 
+def test_the_prior_fit_recovers_the_coefficients_a_run_was_made_with(run):
+    bench, _, _ = run
+    requests = replay.workload_of(bench)
+    clf, model = CategoryClassifier.load(), prior_model()
+    prior = prior_draft("ngram")
+    truth = list(prior.accept_coef)
+    truth[INTERCEPT], truth[TEMPERATURE] = 0.4, -2.0
+    m = DraftModel(truth, None, prior.cost_coef, prior.overhead_steps, prior.overhead_per_prompt_token)
+    for r in requests:  # ngram:8 made to run exactly as `truth` predicts (two temperatures: both identifiable)
+        f = replay.features_of(r, bench["settings"], clf, model)
+        x = next(x for x in bench["measurements"] if x["idx"] == r.idx and x["mode"] == "ngram:8")
+        tokens, plain_s = TIMES[r.idx][0]
+        x["output_tokens"], x["latency_s"] = tokens, plain_s / speedups_at(m, m.alpha(f), f, [8])[0]
+    fit = replay.fit_prior(bench, requests, clf, model)["ngram:8"]
+    assert fit["kind"] == "ngram" and fit["requests"] == 3
+    assert fit["intercept"] == pytest.approx(0.4, abs=0.05) and fit["temperature"] == pytest.approx(-2.0, abs=0.1)
+    assert fit["loss"] < 1e-4 < fit["prior_loss"]
+
+
 def test_a_data_file_that_does_not_give_the_runs_requests_is_refused(run):
     bench, _, tmp = run
     other = tmp / "other.jsonl"
@@ -88,8 +107,9 @@ def test_a_data_file_that_does_not_give_the_runs_requests_is_refused(run):
 
 def test_the_command_prints_the_ratios_and_refuses_a_missing_file(run, capsys):
     _, path, tmp = run
-    assert cli.main(["bench-replay", str(path), "--explore", "0", "--draws", "3"]) == 0
+    assert cli.main(["bench-replay", str(path), "--explore", "0", "--draws", "3", "--fit-prior"]) == 0
     out = capsys.readouterr().out
     assert "3 requests" in out and "x plain" in out and "the oracle" in out
+    assert "prior for ngram:8 (ngram, 3 requests)" in out and "prior for eagle:6 (eagle" in out
     assert cli.main(["bench-replay", str(tmp / "nope.json")]) == 2
     assert "error:" in capsys.readouterr().err
