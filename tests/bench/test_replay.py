@@ -113,3 +113,8 @@ def test_the_command_prints_the_ratios_and_refuses_a_missing_file(run, capsys):
     assert "prior for ngram:8 (ngram, 3 requests)" in out and "prior for eagle:6 (eagle" in out
     assert cli.main(["bench-replay", str(tmp / "nope.json")]) == 2
     assert "error:" in capsys.readouterr().err
+    bench = json.loads(path.read_text())
+    bench["measurements"] = [m for m in bench["measurements"] if m["mode"] != "eagle:6"]  # no full information
+    path.write_text(json.dumps(bench))
+    assert cli.main(["bench-replay", str(path)]) == 2
+    assert "measured under every fixed arm" in capsys.readouterr().err
