@@ -14,7 +14,7 @@ def run(data: Path, repeats: int, rules_file: Path | None) -> dict:
     from engines.config import EngineConfig
     from policy.classifier import CategoryClassifier
     from policy.decide import decide
-    from policy.features import build_features
+    from policy.features import build_features, estimate_prompt_tokens
     from policy.model import prior_model
     from policy.rules import NO_RULES, load_rules
 
@@ -29,9 +29,9 @@ def run(data: Path, repeats: int, rules_file: Path | None) -> dict:
         for r in rows:
             text = r["turns"][0]
             t0 = time.perf_counter()
-            f = build_features(text, prompt_tokens=len(text) // 4, temperature=rng.choice([0.0, 0.7, 1.0]),
-                               top_p=1.0, max_tokens=128, classifier=clf, model=model,
-                               running=1, waiting=rng.randint(0, 8))
+            f = build_features(text, prompt_tokens=estimate_prompt_tokens(text),
+                               temperature=rng.choice([0.0, 0.7, 1.0]), top_p=1.0, max_tokens=128, classifier=clf,
+                               model=model, running=1, waiting=rng.randint(0, 8))
             t1 = time.perf_counter()
             decide(f, rules, model, rng, arms)
             t2 = time.perf_counter()

@@ -25,7 +25,7 @@ from gateway.policy_state import PolicyState
 from gateway.router import Router
 from gateway.validation import GatewayRequest
 from policy.decide import Decision, decide
-from policy.features import RequestFeatures, build_features
+from policy.features import RequestFeatures, build_features, estimate_prompt_tokens
 from telemetry.otel import Instrumentation, decision_attributes, extract_context, now_refs, ns, outcome_attributes
 from telemetry.outcomes import MemoryOutcomeSink
 from telemetry.record import OutcomeRecord
@@ -67,7 +67,7 @@ class GatewayService:
         load = self.router.least_loaded_load()
         text = req.text
         f = build_features(
-            text, prompt_tokens=max(1, len(text) // 4), temperature=req.sampling.temperature,
+            text, prompt_tokens=estimate_prompt_tokens(text), temperature=req.sampling.temperature,
             top_p=req.sampling.top_p, max_tokens=req.sampling.max_tokens, classifier=self.policy.classifier,
             model=self.policy.model, category_hint=req.hints.category,
             expected_length_hint=req.hints.expected_output_tokens, running=load.running, waiting=load.waiting,

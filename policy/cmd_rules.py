@@ -46,7 +46,7 @@ def explain(args) -> int:
     from engines.arms import ArmMenu
     from policy.classifier import CategoryClassifier
     from policy.decide import decide
-    from policy.features import build_features
+    from policy.features import build_features, estimate_prompt_tokens
     from policy.model import prior_model
     from policy.rules import RulesError, load_rules
 
@@ -59,7 +59,7 @@ def explain(args) -> int:
         text = str(req.get("prompt", ""))
         model = prior_model()
         f = build_features(
-            text, prompt_tokens=max(1, len(text) // 4), temperature=float(req.get("temperature", 0)),
+            text, prompt_tokens=estimate_prompt_tokens(text), temperature=float(req.get("temperature", 0)),
             top_p=float(req.get("top_p", 1)), max_tokens=int(req.get("max_tokens", 128)),
             classifier=CategoryClassifier.load(), model=model, category_hint=req.get("category"),
             expected_length_hint=req.get("expected_length"), running=int(req.get("running", 0)),

@@ -116,6 +116,12 @@ def text_signals(text: str) -> tuple[float, float, float]:
     return round(repetition, 4), round(code, 4), round(non_ascii, 4)
 
 
+def estimate_prompt_tokens(text: str) -> int:
+    """The prompt's length in tokens as the policy sees it: ~4 characters a token (the
+    decision runs before, and without, the engine's tokenizer)."""
+    return max(1, len(text) // 4)
+
+
 def build_features(text: str, *, prompt_tokens: int, temperature: float, top_p: float, max_tokens: int,
                    classifier, model, category_hint: str | None = None, expected_length_hint: int | None = None,
                    running: int = 0, waiting: int = 0, tokens_per_step: float = 0.0, tenant: str = "",

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.specbench.analysis import ok, s_per_token
+from bench.specbench.analysis import ok, s_per_token, totals
 from bench.specbench.runner import ADAPTIVE
 from bench.specbench.workload import WorkloadError, build_workload, read_rows
 
@@ -40,8 +40,7 @@ def measured(bench: dict) -> dict[tuple[int, str], dict]:
     """(request idx, fixed mode) -> its concurrency-1 measurement (the first repeat)."""
     out = {}
     for m in bench["measurements"]:
-        if m.get("concurrency") == 1 and m.get("repeat", 0) == 0 and "served" not in m and \
-                m["mode"] != ADAPTIVE and ok(m):
+        if m.get("concurrency") == 1 and m.get("repeat", 0) == 0 and m["mode"] != ADAPTIVE and ok(m):
             out.setdefault((m["idx"], m["mode"]), m)
     return out
 
@@ -59,10 +58,10 @@ def workload_of(bench: dict, data: str | None = None):
 
 def features_of(r, settings: dict, classifier, model):
     """What the gateway's policy saw for a request at concurrency 1 (gateway/service.py)."""
-    from policy.features import build_features
+    from policy.features import build_features, estimate_prompt_tokens
 
-    return build_features(r.prompt, prompt_tokens=max(1, len(r.prompt) // 4), temperature=r.temperature, top_p=1.0,
-                          max_tokens=settings["max_tokens"], classifier=classifier, model=model,
+    return build_features(r.prompt, prompt_tokens=estimate_prompt_tokens(r.prompt), temperature=r.temperature,
+                          top_p=1.0, max_tokens=settings["max_tokens"], classifier=classifier, model=model,
                           category_hint=r.category if settings.get("category_hints") else None)
 
 
@@ -79,31 +78,25 @@ def replay(bench: dict, requests, model, rules, classifier, draws: int = 200, se
     ms = measured(bench)
     rng = random.Random(seed)
     st = bench["settings"]
-    totals = Counter()
+    full = [r for r in requests if all((r.idx, a) in ms for a in fixed)]  # failed under no arm
+    if not full:
+        raise ValueError("no request of the run was measured under every fixed arm")
+    tokens = seconds = 0.0
     shares: Counter = Counter()
-    for r in requests:
-        if any((r.idx, a) not in ms for a in fixed):
-            continue  # a failed request under some arm: no full information for it
+    for r in full:
         f = features_of(r, st, classifier, model)
         chosen = Counter(by_draft[decide(f, rules, model, rng, arms).arm.draft] for _ in range(draws))
         for arm, n in chosen.items():
             m = ms[(r.idx, arm)]
-            totals["tokens"] += n / draws * m["output_tokens"]
-            totals["seconds"] += n / draws * m["latency_s"]
+            tokens += n / draws * m["output_tokens"]
+            seconds += n / draws * m["latency_s"]
             shares[arm] += n / draws
-        best = min((ms[(r.idx, a)] for a in fixed), key=s_per_token)  # the oracle, as the bench's
-        totals["oracle_tokens"] += best["output_tokens"]
-        totals["oracle_seconds"] += best["latency_s"]
-        for a in fixed:
-            totals[f"{a}/tokens"] += ms[(r.idx, a)]["output_tokens"]
-            totals[f"{a}/seconds"] += ms[(r.idx, a)]["latency_s"]
-    if not shares:
-        raise ValueError("no request of the run was measured under every fixed arm")
-    speed = {a: totals[f"{a}/tokens"] / totals[f"{a}/seconds"] for a in fixed}
-    policy = totals["tokens"] / totals["seconds"]
-    oracle = totals["oracle_tokens"] / totals["oracle_seconds"]
+    speed = {a: totals([ms[(r.idx, a)] for r in full])["tok_s"] for a in fixed}
+    # the oracle, by the bench's own rule: each request's fastest fixed arm per token
+    oracle = totals([min((ms[(r.idx, a)] for a in fixed), key=s_per_token) for r in full])["tok_s"]
+    policy = tokens / seconds
     best = max(fixed, key=speed.get)
-    return dict(requests=round(sum(shares.values())), vs_plain=policy / speed["plain"],
+    return dict(requests=len(full), vs_plain=policy / speed["plain"],
                 vs_best_fixed=policy / speed[best], vs_oracle=policy / oracle, best_fixed=best,
                 oracle_vs_plain=oracle / speed["plain"],
                 fixed_vs_plain={a: speed[a] / speed["plain"] for a in fixed},
@@ -137,7 +130,7 @@ def fit_prior(bench: dict, requests, classifier, model) -> dict[str, dict]:
             m = DraftModel(w, None, prior.cost_coef, prior.overhead_steps, prior.overhead_per_prompt_token)
             err = 0.0
             for f, mine, plain in rows:
-                real = (mine["output_tokens"] / mine["latency_s"]) / (plain["output_tokens"] / plain["latency_s"])
+                real = s_per_token(plain) / s_per_token(mine)
                 e = np.log(speedups_at(m, m.alpha(f), f, [gamma])[0]) - np.log(real)
                 err += min(e * e, 0.16)
             return err
