@@ -72,6 +72,8 @@ def replay(bench: dict, requests, model, rules, classifier, draws: int = 200, se
 
     fixed = [a for a in bench["settings"]["modes"] if a != ADAPTIVE]
     by_draft = {Arm.parse(a).draft: a for a in fixed}  # None: plain
+    if len(by_draft) < len(fixed):  # a draft chosen at any γ reads as its one measured arm
+        raise ValueError(f"two fixed arms of one draft among {fixed}: which would a choice of it read as?")
     drafts = tuple(d for d in by_draft if d is not None)
     gamma_max = max(Arm.parse(a).gamma for a in fixed)
     arms = ArmMenu(drafts, 1, gamma_max, adaptive=True)
@@ -80,7 +82,7 @@ def replay(bench: dict, requests, model, rules, classifier, draws: int = 200, se
     st = bench["settings"]
     full = [r for r in requests if all((r.idx, a) in ms for a in fixed)]  # failed under no arm
     if not full:
-        raise ValueError("no request of the run was measured under every fixed arm")
+        raise ValueError("no request of the run was measured under every fixed arm at concurrency 1")
     tokens = seconds = 0.0
     shares: Counter = Counter()
     for r in full:
@@ -174,7 +176,7 @@ def main(args) -> int:
     try:
         out = replay(bench, requests, model, rules, classifier, max(args.draws, 1))
     except ValueError as e:
-        print(f"error: {e} (it needs concurrency 1 with every fixed arm)", file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"{out['requests']} requests of {args.bench_json} replayed through policy {model.version} "
           f"(explore {model.explore:g})")

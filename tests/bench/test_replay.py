@@ -118,3 +118,7 @@ def test_the_command_prints_the_ratios_and_refuses_a_missing_file(run, capsys):
     path.write_text(json.dumps(bench))
     assert cli.main(["bench-replay", str(path)]) == 2
     assert "measured under every fixed arm" in capsys.readouterr().err
+    bench["settings"]["modes"] = ["plain", "ngram:8", "ngram:4", "eagle:6"]  # a choice of ngram: which arm?
+    path.write_text(json.dumps(bench))
+    assert cli.main(["bench-replay", str(path)]) == 2
+    assert "two fixed arms of one draft" in capsys.readouterr().err
