@@ -117,6 +117,8 @@ class HybridDraftConfig(_Strict):
 
     kind: Literal["hybrid"] = "hybrid"
     name: str = "ngram-eagle"
+    """A name 'ngram-<model>' tells the policy what this is (policy/model.py): it starts from the
+    hybrid's prior and draws its uncertainty together with that model draft's."""
     lookup: str = "ngram"
     """The prompt-lookup (ngram) draft tried first."""
     model: str = "eagle"

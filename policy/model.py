@@ -133,6 +133,14 @@ def draft_kind(name: str) -> str:
     return "model"
 
 
+def model_part(name: str) -> str | None:
+    """The model draft a hybrid named 'ngram-<model>' drafts with where lookup finds nothing
+    (None for any other draft). Its acceptance and the hybrid's move together (the hybrid's
+    lookup-less rounds are that model's), so decisions draw their uncertainty together."""
+    part = name.removeprefix("ngram-")
+    return part if part and part != name else None
+
+
 def prior_draft(kind: str) -> DraftModel:
     """Cold-start defaults, fit to realised speed on the project's CPUs (an Intel Xeon,
     float32, the shipped draft distilled from 1,400 answers).

@@ -129,6 +129,29 @@ def test_a_drafts_equal_predictions_go_to_its_largest_gamma():
     assert greedy_arm(prior_model(), f, menu.by_preference()) == Arm("ngram", 8)
 
 
+def test_a_hybrid_is_drawn_with_its_model_part():
+    """A hybrid ('ngram-<model>') runs its model part wherever lookup finds nothing, so their
+    acceptance moves together: Thompson draws that rate the hybrid above the head alone at
+    the mean do so in every draw, and the head alone is never explored in its place. Two
+    unrelated drafts with the same coefficients are drawn independently and both get tried."""
+    from policy.model import N_FEATURES, DraftModel, PolicyModel
+
+    head = [0.0] * N_FEATURES  # α ≈ 0.5
+    hybrid = list(head)
+    hybrid[-1] = 0.1  # a little above the head alone, well within the posterior's spread
+    f = RequestFeatures("chat", 0.0, 1, 900, 200, 0.0)
+    rules = parse_rules("default: {explore: 1.0}")
+
+    def chosen(names):
+        model = PolicyModel("t", {names[0]: DraftModel(head, None, [0.0, 0.09, 0.02]),
+                                  names[1]: DraftModel(hybrid, None, [0.0, 0.09, 0.02])}, explore=1.0)
+        menu = ArmMenu(names, 1, 8, adaptive=True)
+        return {decide(f, rules, model, random.Random(seed), menu).arm.draft for seed in range(400)}
+
+    assert chosen(("eagle", "ngram-eagle")) == {"ngram-eagle"}
+    assert chosen(("eagle", "other")) == {"eagle", "other"}
+
+
 def test_exploration_stays_near_the_best_prediction():
     """Under load a selfspec:8 trial would hold back the whole batch: arms
     predicted far below the best are never tried, however high explore is."""
