@@ -185,7 +185,7 @@ def _layout(arms: ArmMenu, allowed: tuple[str, ...] | None, gamma: tuple[int, in
     columns = np.array([index[a.draft] * g_max + a.gamma - 1 for a in out[1:]], dtype=np.intp)
     # a hybrid shares its model part's draws: independent draws rated the head alone above the hybrid
     # that runs the same head plus lookup in a quarter of them, where the hybrid was mostly faster
-    # (`specgate bench-replay`: 0.5-1.2% faster over three runs with shared draws, README)
+    # (`specgate bench-replay`: 0.5-1.2% faster with shared draws on four runs, README)
     own = np.arange(len(drafts)) % _DRAWS.shape[1]
     draw_columns = np.array([own[index[model_part(d)]] if model_part(d) in index else own[j]
                              for j, d in enumerate(drafts)], dtype=np.intp)
