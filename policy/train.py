@@ -53,10 +53,6 @@ PRIOR_TRIALS = 3.0  # pseudo-trials of the prior's α per row
 MIN_LOADED_ROWS = 20  # rows at load >= LOADED before the load term is learned rather than the prior's
 LOADED = 4
 IPS_CLIP = 20.0  # largest importance weight in the doubly-robust estimate
-# A fitted model's exploration strength: Thompson draws at half its posterior's spread. At full
-# spread a promoted model gave up 0.9-1.6% against its own mean's choice (`specgate bench-replay`,
-# four dev runs); at half it still tries the arms its posterior leaves in doubt, less often, for 0.3-0.8%.
-LEARNED_EXPLORE = 0.5
 Z = 1.645  # one-sided 95% bound
 
 
@@ -197,7 +193,7 @@ def fit_cost(rows: list[TrainingRow], weights: list[float], step: np.ndarray, pr
     return [max(float(model.intercept_), 0.0), max(b, 0.0), max(e, 0.0)]
 
 
-def fit(rows: list[TrainingRow], version: str | None = None, explore: float = LEARNED_EXPLORE) -> PolicyModel:
+def fit(rows: list[TrainingRow], version: str | None = None, explore: float = 1.0) -> PolicyModel:
     t0 = time.perf_counter()
     step = plain_step_model(rows)
     by_draft: dict[str, list[tuple[TrainingRow, float]]] = defaultdict(list)
