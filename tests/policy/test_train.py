@@ -201,3 +201,23 @@ def test_a_model_written_before_coverage_still_loads_and_prices_every_round_as_v
     d["drafts"]["ngram"]["coverage_coef"] = [0.0] * 3
     with pytest.raises(ValueError, match="shapes"):
         PolicyModel.from_json(json.dumps(d))
+
+
+def test_a_busy_spell_does_not_teach_idle_requests_that_a_draft_never_pays():
+    """Under load the engine's step budget declines most drafts: measured rows that verified
+    nothing say nothing about acceptance, and loaded rows do not set the coverage idle
+    requests are priced with (the features have no load term)."""
+    def row(i, running, verifying, trials, accepted):
+        f = RequestFeatures("qa", 0.0, 1.0, 300 + i, 200, 0.1, running=running)
+        return TrainingRow(f, Arm("draft", 4), 0.5, output_tokens=150, rounds=100, decode_s=6.0, trials=trials,
+                           accepted=accepted, verified=trials, verifying_rounds=verifying)
+
+    idle = [row(i, 0, 100, 200, 120) for i in range(40)]  # α 0.6 per tried token, every round verifies
+    busy = [row(i, 16, 0, 0, 0) for i in range(160)]  # the budget verified nothing
+    alone, mixed = fit(idle), fit(idle + busy)
+    f = RequestFeatures("qa", 0.0, 1.0, 320, 200, 0.1)
+    x = acceptance_features(f)
+    assert alone.draft("draft").alpha(f) > 0.5
+    assert abs(mixed.draft("draft").alpha(f) - alone.draft("draft").alpha(f)) < 0.02
+    assert mixed.draft("draft").coverage(x) == pytest.approx(alone.draft("draft").coverage(x), abs=0.02)
+    assert mixed.draft("draft").coverage(x) > 0.9
