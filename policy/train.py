@@ -160,7 +160,7 @@ def fit_coverage(rows: list[TrainingRow], weights: list[float]) -> list[float] |
     features; None while fewer than MIN_ROWS_PER_DRAFT rows know it for every round.
     Fit on the rows below LOADED where there are enough of them: under load the
     engine's step budget, not the request, decides what is verified (at
-    concurrency 16 the head verified 48 draft tokens in 13,548), and the features
+    concurrency 16 the head drafted 48 tokens in 13,548), and the features
     have no load term, so loaded rows would teach a coverage that idle requests
     then get (the cost's load term prices load)."""
     known = [(r, w) for r, w in zip(rows, weights) if r.verifying_rounds is not None]
