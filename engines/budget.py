@@ -98,9 +98,10 @@ class AcceptanceEstimate:
 
     def settle(self, belief: float) -> None:
         """Drafted but not verified: evidence at what the draft believed its first token worth,
-        counted as `weight / 2` tokens (a calibrated belief, not one token's luck), so a draft
-        judged weak round after round closes its own gate within about ten rounds."""
-        self._add(belief * self.weight / 2, self.weight / 2)
+        counted as `weight` tokens (a calibrated belief, not one token's luck), so a draft
+        judged weak round after round (as under load) closes its own gate within about five
+        rounds: drafting nobody verifies lengthens every row's step."""
+        self._add(belief * self.weight, self.weight)
 
 
 class RequestBias:

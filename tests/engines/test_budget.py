@@ -277,7 +277,7 @@ def test_a_run_of_rejections_does_not_close_the_gate_of_a_draft_that_pays():
 def test_a_draft_not_worth_verifying_moves_the_row_to_what_it_believed():
     strong, weak = budget.AcceptanceEstimate(prior=0.5), budget.AcceptanceEstimate(prior=0.5)
     strong.observe(verified=6, accepted=6)
-    for _ in range(12):  # a round that did not pay is no evidence against the target's agreement
+    for _ in range(6):  # a round that did not pay is no evidence against the target's agreement
         strong.settle(0.7)
         weak.settle(0.05)  # a draft judged weak round after round closes its own gate
     assert strong.value > 0.65 and weak.value < 0.15
