@@ -22,12 +22,16 @@ def encode_prompt(tokenizer, request: GenerationRequest) -> list[int]:
     if request.prompt is not None and request.messages:
         raise InvalidRequest("prompt", "give either prompt or messages, not both")
     if request.messages:
-        return tokenizer(render_chat(tokenizer, request.messages), add_special_tokens=False)["input_ids"]
-    if not request.prompt:
-        raise InvalidRequest("prompt", "must not be empty (give prompt text or messages)")
-    if len(request.prompt) > MAX_PROMPT_CHARS:
-        raise InvalidRequest("prompt", f"longer than {MAX_PROMPT_CHARS} characters")
-    return tokenizer(request.prompt)["input_ids"]
+        ids = tokenizer(render_chat(tokenizer, request.messages), add_special_tokens=False)["input_ids"]
+    else:
+        if not request.prompt:
+            raise InvalidRequest("prompt", "must not be empty (give prompt text or messages)")
+        if len(request.prompt) > MAX_PROMPT_CHARS:
+            raise InvalidRequest("prompt", f"longer than {MAX_PROMPT_CHARS} characters")
+        ids = tokenizer(request.prompt)["input_ids"]
+    if not ids:  # e.g. only whitespace a tokenizer drops: decoding needs a last token to continue from
+        raise InvalidRequest("messages" if request.messages else "prompt", "encodes to no tokens")
+    return ids
 
 
 def render_chat(tokenizer, messages: tuple[ChatMessage, ...]) -> str:

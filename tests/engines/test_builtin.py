@@ -92,6 +92,7 @@ def test_stop_string_ends_generation(engine):
 @pytest.mark.parametrize("field,request_", [
     ("prompt", GenerationRequest(request_id="x", prompt="")),
     ("prompt", GenerationRequest(request_id="x")),
+    ("prompt", req(prompt="\r \n")),  # text that encodes to no tokens at all
     ("max_tokens", req(max_tokens=0)),
     ("max_tokens", req(max_tokens=500)),  # beyond the 64-token context
     ("temperature", req(temperature=-1)),

@@ -129,7 +129,8 @@ def test_speculative_sampling_follows_the_target_distribution(draft, sp):
     counts: dict = {}
     for r in results:
         counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
-    # After the first (prefill) token a round drafts up to 2 tokens: the
-    # speculative path must have carried a good share of the output.
-    assert sum(sum(r.stats.verified_per_round) for r in results) > trials // 4
+    # After the first (prefill) token a round drafts up to 2 tokens: the speculative path
+    # must have carried a good share of the output. Counted on the fixed-γ rows, whose
+    # verification is the same however fast the machine (the others' follows the step timings)
+    assert sum(sum(r.stats.verified_per_round) for r in results[::2]) > trials // 5
     assert_follows(exact, counts, trials, draft)
