@@ -10,7 +10,6 @@ from pathlib import Path
 
 
 def run(data: Path, repeats: int, rules_file: Path | None) -> dict:
-    from engines.arms import ArmMenu
     from engines.config import EngineConfig
     from policy.classifier import CategoryClassifier
     from policy.decide import decide
@@ -21,8 +20,7 @@ def run(data: Path, repeats: int, rules_file: Path | None) -> dict:
     rows = [json.loads(line) for line in data.read_text().splitlines() if line.strip()]
     clf, model = CategoryClassifier.load(), prior_model()
     rules = load_rules(rules_file) if rules_file else NO_RULES
-    engine = EngineConfig()  # the built-in engine's default menu: every draft, every γ it serves
-    arms = ArmMenu(tuple(d.name for d in engine.drafts), engine.gamma_min, engine.gamma_max, adaptive=engine.adaptive)
+    arms = EngineConfig().arm_menu()  # the built-in engine's default menu: every draft, every γ it serves
     rng = random.Random(0)
     feat_s, decide_s, total_s = [], [], []
     for _ in range(repeats):

@@ -2,7 +2,7 @@
 
     api.py                requests, results, stats, load; the Engine and GenerationHandle protocols
     errors.py             the errors an engine raises on purpose
-    arms.py               what an arm is: Arm, its parser, ArmMenu and the "is it served" check
+    arms.py               what an arm is: Arm, its parser, ArmMenu (with each draft's kind), "is it served"
     config.py             EngineConfig (target, drafts, batching, budgets)
     loading.py            loading targets and drafts; GGUF conversion and cache
     llama.py              the lean Llama-family forward pass and its KV cache

@@ -10,6 +10,10 @@ request took.
     plain            plain decoding
     DRAFT:G          draft DRAFT, at most G tokens per round (e.g. ngram:4)
     DRAFT:LO-HI      in configs and CLI menus: every γ from LO to HI
+
+A menu also says what each draft is (`DraftKind`), where the engine knows it:
+the policy starts an unseen draft from its kind's prior, and draws a hybrid's
+uncertainty together with the model draft it runs.
 """
 
 from __future__ import annotations
@@ -86,6 +90,29 @@ def parse_arm_specs(specs: Iterable[str], ranges: bool = True) -> frozenset[Arm]
 
 
 @dataclass(frozen=True)
+class DraftKind:
+    """What a draft is: its configured kind and, for a hybrid, the model draft it runs
+    where prompt lookup finds nothing."""
+
+    kind: str  # ngram, layers, model, eagle or hybrid, as engines/config.py names them
+    model: str | None = None
+
+    @staticmethod
+    def guess(name: str) -> DraftKind:
+        """For a draft whose engine does not say (a CLI menu, an older worker, a server
+        configured without `draft_kinds`): the default config's names ('ngram-eagle' is
+        the hybrid of prompt lookup and the draft 'eagle')."""
+        if name.startswith(("hybrid", "ngram-")):
+            part = name.removeprefix("ngram-")
+            return DraftKind("hybrid", part if part and part != name else None)
+        if name.startswith("ngram"):
+            return DraftKind("ngram")
+        if name.startswith(("eagle", "distill")):
+            return DraftKind("eagle")
+        return DraftKind("layers" if name.startswith("selfspec") else "model")
+
+
+@dataclass(frozen=True)
 class ArmMenu:
     """Arms served: plain plus every draft at every γ in [gamma_min, gamma_max],
     or, with `only`, exactly the listed arms (servers configured per arm, e.g. a
@@ -98,6 +125,15 @@ class ArmMenu:
     adaptive: bool = False
     """True: γ is a bound the engine verifies within, round by round (the built-in
     engine), so a larger γ is never slower. False: a server runs the γ it is given."""
+    kinds: tuple[tuple[str, DraftKind], ...] = ()
+    """(draft, what it is) where the engine said; others are guessed from their names."""
+
+    def kind_of(self, draft: str) -> DraftKind:
+        return self._kinds.get(draft) or DraftKind.guess(draft)
+
+    @functools.cached_property
+    def _kinds(self) -> dict[str, DraftKind]:
+        return dict(self.kinds)
 
     @functools.cached_property
     def _served(self) -> frozenset[Arm]:
@@ -160,10 +196,15 @@ class ArmMenu:
         """Everything any of `menus` serves."""
         if not menus:
             return NOTHING
+        kinds: dict[str, DraftKind] = {}
+        for m in menus:  # engines that disagree on a name: the first to say wins
+            for d, k in m.kinds:
+                kinds.setdefault(d, k)
+        kinds_t = tuple(sorted(kinds.items()))
         if any(m.only is not None for m in menus):
-            return ArmMenu.of(a for m in menus for a in m.all_arms())
+            return replace(ArmMenu.of(a for m in menus for a in m.all_arms()), kinds=kinds_t)
         return ArmMenu(tuple(sorted({d for m in menus for d in m.drafts})), min(m.gamma_min for m in menus),
-                       max(m.gamma_max for m in menus), adaptive=all(m.adaptive for m in menus))
+                       max(m.gamma_max for m in menus), adaptive=all(m.adaptive for m in menus), kinds=kinds_t)
 
     @staticmethod
     def parse(spec: str, adaptive: bool = False) -> ArmMenu:

@@ -161,7 +161,7 @@ class BuiltinEngine:
         self.tokenizer = target.tokenizer
         self.config = config
         self.drafts = drafts  # name -> proposer factory
-        self._arms = ArmMenu(tuple(drafts), config.gamma_min, config.gamma_max, adaptive=config.adaptive)
+        self._arms = config.arm_menu(tuple(drafts))
         self.max_context = min(config.target.max_context, target.model.cfg.max_positions)
         self.eos_ids = frozenset(_eos_ids(target))
         self._queue: queue.Queue[BuiltinHandle | None] = queue.Queue()

@@ -6,6 +6,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from engines.arms import ArmMenu, DraftKind
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -117,8 +119,8 @@ class HybridDraftConfig(_Strict):
 
     kind: Literal["hybrid"] = "hybrid"
     name: str = "ngram-eagle"
-    """A name 'ngram-<model>' tells the policy what this is (policy/model.py): it starts from the
-    hybrid's prior and draws its uncertainty together with that model draft's."""
+    """Any name: the engine tells the policy each draft's kind (ArmMenu.kinds), so a hybrid starts
+    from the hybrid's prior and draws its uncertainty together with its model draft's."""
     lookup: str = "ngram"
     """The prompt-lookup (ngram) draft tried first."""
     model: str = "eagle"
@@ -187,13 +189,26 @@ class EngineConfig(_Strict):
             raise ValueError(f"gamma_min ({self.gamma_min}) must be <= gamma_max ({self.gamma_max})")
         return self
 
+    def arm_menu(self, names: tuple[str, ...] | None = None) -> ArmMenu:
+        """What an engine so configured serves: each draft (or each of the `names` it built) at
+        every γ in [gamma_min, gamma_max], and what each draft is."""
+        names = tuple(d.name for d in self.drafts) if names is None else names
+        kinds = tuple((d.name, DraftKind(d.kind, d.model if isinstance(d, HybridDraftConfig) else None))
+                      for d in self.drafts if d.name in names)
+        return ArmMenu(names, self.gamma_min, self.gamma_max, adaptive=self.adaptive, kinds=kinds)
+
 
 def load_engine_config(path: str | None) -> EngineConfig:
-    """An EngineConfig from a YAML file (None: the defaults)."""
+    """An EngineConfig from a YAML file (None: the defaults). A file that is not YAML or not
+    a valid config raises ValueError (OSError if it cannot be read)."""
     if not path:
         return EngineConfig()
     from pathlib import Path
 
     import yaml
 
-    return EngineConfig.model_validate(yaml.safe_load(Path(path).read_text()) or {})
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not YAML: {e}") from None
+    return EngineConfig.model_validate(data or {})

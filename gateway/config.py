@@ -99,6 +99,10 @@ class OpenAIServerConfig(_Strict):
     """Model name sent with each request (default: the first one /v1/models lists)."""
     arms: list[str] = Field(default_factory=lambda: ["plain"], min_length=1)
     """Arms served: 'plain', 'DRAFT:GAMMA', or 'DRAFT:LO-HI' with gamma_field set."""
+    draft_kinds: dict[str, Literal["ngram", "eagle", "model", "layers"]] = Field(default_factory=dict)
+    """What each draft in `arms` is (e.g. {spec: eagle} for a vLLM serving an EAGLE head as 'spec'):
+    the policy's starting point for a draft it has no outcomes for yet. A draft not listed is
+    judged by its name (ngram*, eagle*; anything else a separate draft model)."""
     gamma_field: str | None = None
     """Request field that sets γ per request (llama.cpp server: 'speculative.n_max'),
     so that one endpoint serves a range of γ (the engine's γ_max under adaptive drafting)."""
@@ -121,7 +125,10 @@ class OpenAIServerConfig(_Strict):
 
     @model_validator(mode="after")
     def _arms_parse(self):
-        parse_arm_specs(self.arms, ranges=self.gamma_field is not None)  # ValueError names the entry
+        served = {a.draft for a in parse_arm_specs(self.arms, ranges=self.gamma_field is not None)}
+        unknown = sorted(set(self.draft_kinds) - served)  # parse_arm_specs' ValueError names a bad entry
+        if unknown:
+            raise ValueError(f"draft_kinds names drafts no arm serves: {unknown}")
         return self
 
 

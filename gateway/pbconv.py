@@ -7,7 +7,7 @@ import math
 from dataclasses import replace
 
 from engines.api import ChatMessage, GenerationRequest, GenerationResult, GenerationStats, SamplingParams
-from engines.arms import Arm, ArmMenu
+from engines.arms import Arm, ArmMenu, DraftKind
 from gateway.context import CallInfo
 from gateway.pb import specgate_pb2 as pb
 from gateway.validation import GatewayRequest, validate
@@ -61,6 +61,7 @@ def engine_status_pb(id: str, address: str, healthy: bool, arms: ArmMenu, load, 
         id=id, address=address, healthy=healthy, drafts=list(arms.drafts), gamma_min=arms.gamma_min,
         gamma_max=arms.gamma_max, max_context=max_context, adaptive_gamma=arms.adaptive,
         arms=[a.name for a in arms.all_arms()] if arms.only is not None else [],
+        draft_kinds=[pb.DraftKind(draft=d, kind=k.kind, model=k.model or "") for d, k in arms.kinds],
         load=pb.Load(running=load.running, waiting=load.waiting, tokens_per_step=load.tokens_per_step,
                      kv_used_tokens=load.kv_used_tokens, kv_limit_tokens=load.kv_limit_tokens,
                      recent_step_s=load.recent_step_s))
@@ -112,6 +113,7 @@ def result_from_pb(request_id: str, r: pb.EngineResult) -> GenerationResult:
 def menu_from_status(s: pb.EngineStatus | None) -> ArmMenu:
     if s is None:
         return ArmMenu((), 1, 1, frozenset())
+    kinds = tuple((k.draft, DraftKind(k.kind, k.model or None)) for k in s.draft_kinds)
     if s.arms:
-        return replace(ArmMenu.of(Arm.parse(a) for a in s.arms), adaptive=s.adaptive_gamma)
-    return ArmMenu(tuple(s.drafts), s.gamma_min, s.gamma_max, adaptive=s.adaptive_gamma)
+        return replace(ArmMenu.of(Arm.parse(a) for a in s.arms), adaptive=s.adaptive_gamma, kinds=kinds)
+    return ArmMenu(tuple(s.drafts), s.gamma_min, s.gamma_max, adaptive=s.adaptive_gamma, kinds=kinds)

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engines.arms import MAX_GAMMA, Arm, ArmMenu
+from engines.arms import MAX_GAMMA, Arm, ArmMenu, DraftKind
 from engines.errors import InvalidRequest
 from policy.features import RequestFeatures
-from policy.model import PolicyModel, acceptance_features, model_part, prior_model, speed_table
+from policy.model import PolicyModel, acceptance_features, prior_model, speed_table
 from policy.rules import RuleSet, Then
 
 SOURCES = ("rule", "policy", "exploration", "fallback", "request")
@@ -95,7 +95,7 @@ def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None,
     # one table for the menu: row 0 at the mean of each draft's α, rows 1.. at Thompson draws from its posterior
     strength = then.explore if then.explore is not None else model.explore
     x = acceptance_features(features)
-    models = [model.draft(d) for d in layout.drafts]
+    models = [model.draft(d, k) for d, k in zip(layout.drafts, layout.kinds)]
     posterior = np.array([m.logit(x) for m in models])  # [D, 2]: mean and sd of logit α
     z = _DRAWS[:, layout.draw_columns] if strength > 0 else _MEAN_ONLY  # [1 + draws, D]
     # ufuncs: np.clip's wrapper costs more
@@ -161,6 +161,7 @@ class _Layout:
     candidates: tuple[Arm, ...]  # plain first, then ArmMenu.by_preference's order
     names: tuple[str, ...]
     drafts: tuple[str, ...]  # the speed table's draft axis
+    kinds: tuple[DraftKind, ...]  # what each of those drafts is
     gamma_max: int
     columns: np.ndarray  # per speculative candidate: its column in the table's [D · γ_max] flattening
     draw_columns: np.ndarray  # per draft: its column of _DRAWS
@@ -187,9 +188,10 @@ def _layout(arms: ArmMenu, allowed: tuple[str, ...] | None, gamma: tuple[int, in
     # that runs the same head plus lookup in a quarter of them, where the hybrid was mostly faster
     # (`specgate bench-replay`: 0.5-1.2% faster with shared draws on four runs, README)
     own = np.arange(len(drafts)) % _DRAWS.shape[1]
-    draw_columns = np.array([own[index[model_part(d)]] if model_part(d) in index else own[j]
-                             for j, d in enumerate(drafts)], dtype=np.intp)
-    return _Layout(tuple(out), tuple(a.name for a in out), tuple(drafts), g_max, columns, draw_columns)
+    kinds = tuple(arms.kind_of(d) for d in drafts)
+    draw_columns = np.array([own[index[k.model]] if k.model in index else own[j] for j, k in enumerate(kinds)],
+                            dtype=np.intp)
+    return _Layout(tuple(out), tuple(a.name for a in out), tuple(drafts), kinds, g_max, columns, draw_columns)
 
 
 def _parse_requested(text: str | None) -> Arm | None:

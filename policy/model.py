@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engines.arms import DraftKind
 from policy.classifier import CATEGORIES
 from policy.features import RequestFeatures
 
@@ -121,26 +122,6 @@ def sigmoid(z: float) -> float:
     return 1.0 / (1.0 + math.exp(-max(min(z, 30.0), -30.0)))
 
 
-def draft_kind(name: str) -> str:
-    """Which prior a draft starts from, by its name ('ngram-eagle': the engine's hybrid
-    of prompt lookup and the trained head, engines/proposers/hybrid.py)."""
-    if name.startswith(("hybrid", "ngram-")):
-        return "hybrid"
-    if name.startswith("ngram"):
-        return "ngram"
-    if name.startswith(("eagle", "distill")):
-        return "eagle"
-    return "model"
-
-
-def model_part(name: str) -> str | None:
-    """The model draft a hybrid named 'ngram-<model>' drafts with where lookup finds nothing
-    (None for any other draft). Its acceptance and the hybrid's move together (the hybrid's
-    lookup-less rounds are that model's), so decisions draw their uncertainty together."""
-    part = name.removeprefix("ngram-")
-    return part if part and part != name else None
-
-
 def prior_draft(kind: str) -> DraftModel:
     """Cold-start defaults, fit to realised speed on the project's CPUs (an Intel Xeon,
     float32, the shipped draft distilled from 1,400 answers).
@@ -194,17 +175,19 @@ class PolicyModel:
         typical = self.output_tokens.get(category)
         return max(1, min(max_tokens, int(typical))) if typical else max_tokens
 
-    def draft(self, name: str) -> DraftModel:
-        """A draft this model has never seen gets the prior for its kind."""
+    def draft(self, name: str, kind: DraftKind | None = None) -> DraftModel:
+        """A draft this model has never seen gets the prior for its kind (by default,
+        the kind its name suggests)."""
         m = self.drafts.get(name)
-        return m if m is not None else _PRIORS[draft_kind(name)]
+        return m if m is not None else prior_of(kind or DraftKind.guess(name))
 
     def speedup(self, f: RequestFeatures, draft: str | None, gamma: int) -> float:
         return 1.0 if draft is None else self.speedups(f, draft, [gamma])[0]
 
-    def speedups(self, f: RequestFeatures, draft: str, gammas: list[int], logit: float | None = None) -> list[float]:
+    def speedups(self, f: RequestFeatures, draft: str, gammas: list[int], logit: float | None = None,
+                 kind: DraftKind | None = None) -> list[float]:
         """Predicted speedup over plain for each γ bound of one draft (at α's mean, or at `logit`)."""
-        m = self.draft(draft)
+        m = self.draft(draft, kind)
         x = acceptance_features(f)
         if logit is None:
             logit = m.logit(x)[0]
@@ -269,6 +252,12 @@ def speed_table(ms: list[DraftModel], alpha: np.ndarray, f: RequestFeatures, gam
 
 
 _PRIORS = {kind: prior_draft(kind) for kind in ("ngram", "hybrid", "eagle", "model")}  # read-only
+
+
+def prior_of(kind: DraftKind) -> DraftModel:
+    """The cold-start model for a draft of this kind (a subset of the target's layers
+    is priced as a separate model)."""
+    return _PRIORS.get(kind.kind, _PRIORS["model"])
 
 
 def prior_model() -> PolicyModel:

@@ -33,20 +33,22 @@ import dataclasses
 import math
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from engines.arms import Arm
+from engines.arms import Arm, DraftKind
 from policy.features import RequestFeatures
 from policy.model import (
     DraftModel,
     PolicyModel,
     acceptance_features,
-    draft_kind,
     expected_tokens_per_round,
-    prior_draft,
+    prior_of,
 )
+
+KindOf = Callable[[str], DraftKind]  # what a draft is (ArmMenu.kind_of); by default guessed from its name
 
 MIN_ROWS_PER_DRAFT = 30
 PRIOR_TRIALS = 3.0  # pseudo-trials of the prior's α per row
@@ -203,7 +205,8 @@ def fit_cost(rows: list[TrainingRow], weights: list[float], step: np.ndarray, pr
     return [max(float(model.intercept_), 0.0), max(b, 0.0), max(e, 0.0)]
 
 
-def fit(rows: list[TrainingRow], version: str | None = None, explore: float = 1.0) -> PolicyModel:
+def fit(rows: list[TrainingRow], version: str | None = None, explore: float = 1.0,
+        kind_of: KindOf = DraftKind.guess) -> PolicyModel:
     t0 = time.perf_counter()
     step = plain_step_model(rows)
     by_draft: dict[str, list[tuple[TrainingRow, float]]] = defaultdict(list)
@@ -214,7 +217,7 @@ def fit(rows: list[TrainingRow], version: str | None = None, explore: float = 1.
     for name, items in by_draft.items():
         if len(items) < MIN_ROWS_PER_DRAFT:
             continue
-        prior = prior_draft(draft_kind(name))
+        prior = prior_of(kind_of(name))
         rs, ws = [r for r, _ in items], [w for _, w in items]
         m = fit_acceptance(rs, ws, prior)
         m.cost_coef = fit_cost(rs, ws, step, prior)
@@ -236,11 +239,11 @@ def observed_speed(row: TrainingRow, step: np.ndarray) -> float:
     return plain_step * max(row.output_tokens - 1, 1) / max(row.decode_s, 1e-9)
 
 
-def predicted(model: PolicyModel, f: RequestFeatures, arm: Arm) -> float:
-    return 1.0 if arm.is_plain else model.speedups(f, arm.draft, [arm.gamma])[0]
+def predicted(model: PolicyModel, f: RequestFeatures, arm: Arm, kind_of: KindOf = DraftKind.guess) -> float:
+    return 1.0 if arm.is_plain else model.speedups(f, arm.draft, [arm.gamma], kind=kind_of(arm.draft))[0]
 
 
-def greedy_arm(model: PolicyModel, f: RequestFeatures, arms: list[Arm]) -> Arm:
+def greedy_arm(model: PolicyModel, f: RequestFeatures, arms: list[Arm], kind_of: KindOf = DraftKind.guess) -> Arm:
     """The arm the model ranks first (ties to the earlier arm: pass them in the
     menu's ArmMenu.by_preference order)."""
     by_draft: dict[str, list[int]] = defaultdict(list)
@@ -249,23 +252,23 @@ def greedy_arm(model: PolicyModel, f: RequestFeatures, arms: list[Arm]) -> Arm:
             by_draft[a.draft].append(a.gamma)
     speed = {Arm(): 1.0}
     for d, gammas in by_draft.items():  # α once per draft, not once per arm
-        speed.update({Arm(d, g): s for g, s in zip(gammas, model.speedups(f, d, gammas))})
+        speed.update({Arm(d, g): s for g, s in zip(gammas, model.speedups(f, d, gammas, kind=kind_of(d)))})
     return arms[max(range(len(arms)), key=lambda i: (speed.get(arms[i], 0.0), -i))]
 
 
 def dr_values(policy: PolicyModel, reward: PolicyModel, rows: list[TrainingRow], arms: list[Arm],
-              step: np.ndarray) -> tuple[np.ndarray, list[Arm]]:
+              step: np.ndarray, kind_of: KindOf = DraftKind.guess) -> tuple[np.ndarray, list[Arm]]:
     """Per-row doubly-robust estimates of the relative speed `policy`'s greedy
     choice would have had: the reward model's prediction for that choice,
     corrected by the logged outcome where the logged arm agrees (weighted by
     its inverse propensity, clipped). Returns the estimates and the choices."""
     out, choices = np.empty(len(rows)), []
     for i, r in enumerate(rows):
-        choice = greedy_arm(policy, r.features, arms)
-        value = predicted(reward, r.features, choice)
+        choice = greedy_arm(policy, r.features, arms, kind_of)
+        value = predicted(reward, r.features, choice, kind_of)
         if choice == r.arm and r.propensity > 0:
             value += min(1.0 / r.propensity, IPS_CLIP) * (observed_speed(r, step) - predicted(reward, r.features,
-                                                                                             r.arm))
+                                                                                             r.arm, kind_of))
         out[i] = value
         choices.append(choice)
     return out, choices
@@ -282,7 +285,7 @@ def offline_value(model: PolicyModel, rows: list[TrainingRow], arms: list[Arm],
 
 
 def judge(rows: list[TrainingRow], live: PolicyModel, arms: list[Arm], split: float = 0.7,
-          version: str | None = None) -> tuple[PolicyModel, dict]:
+          version: str | None = None, kind_of: KindOf = DraftKind.guess) -> tuple[PolicyModel, dict]:
     """Fit a candidate on the older rows, score it against `live` on the newer
     ones (paired doubly-robust estimates, the candidate as reward model), and
     say whether it may replace it: the lower one-sided 95% bound of the
@@ -293,10 +296,10 @@ def judge(rows: list[TrainingRow], live: PolicyModel, arms: list[Arm], split: fl
     were enough to fit (MIN_ROWS_PER_DRAFT each; others keep the prior)."""
     cut = int(len(rows) * split)
     older, newer = rows[:cut], rows[cut:]
-    trial = fit(older)
+    trial = fit(older, kind_of=kind_of)
     step = plain_step_model(rows)
-    c, c_arms = dr_values(trial, trial, newer, arms, step)
-    v, v_arms = dr_values(live, trial, newer, arms, step)
+    c, c_arms = dr_values(trial, trial, newer, arms, step, kind_of)
+    v, v_arms = dr_values(live, trial, newer, arms, step, kind_of)
     diff = c - v
     n = len(diff)
     agreement = sum(a == b for a, b in zip(c_arms, v_arms)) / n if n else None
@@ -314,7 +317,7 @@ def judge(rows: list[TrainingRow], live: PolicyModel, arms: list[Arm], split: fl
                    f" (no draft has {MIN_ROWS_PER_DRAFT} older rows to fit: the prior still speaks for all)"))
     else:
         reason = f"not shown better: lower bound {low:.4f} <= 0"
-    candidate = fit(rows, version)
+    candidate = fit(rows, version, kind_of=kind_of)
     decision = dict(candidate=candidate.version, live=live.version, rows=len(rows), fit_rows=len(older),
                     fit_drafts=sorted(trial.drafts), evaluated_rows=n,
                     agreement=round(agreement, 4) if agreement is not None else None,

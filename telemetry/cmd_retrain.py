@@ -24,11 +24,17 @@ def add_arguments(r) -> None:
     r.add_argument("--window", type=int, default=50_000, help="outcomes kept for training (default: %(default)s)")
     r.add_argument("--min-rows", type=int, default=200,
                    help="outcomes needed before the first retraining (default: %(default)s)")
-    r.add_argument("--arms", default="ngram,eagle,selfspec:1-8",
-                   help="arms the engines serve (default: %(default)s, the built-in engine's)")
+    menu = r.add_mutually_exclusive_group()
+    menu.add_argument("--engine-config", metavar="YAML",
+                      help="the built-in engines' config: their drafts, what each is, and their γ bounds (default: "
+                           "the built-in engine's defaults)")
+    menu.add_argument("--arms",
+                      help="arms the engines serve instead, e.g. 'ngram:4,draft:5' for servers configured per arm or "
+                           "'ngram,draft:1-8'; a draft no engine config describes is judged by its name (ngram*, "
+                           "eagle*, ngram-<model> the hybrid; else a separate draft model)")
     r.add_argument("--fixed-gamma", action="store_true",
-                   help="the engines run the γ they are given (servers such as vLLM); default: γ is a bound the "
-                        "engine verifies within, as the built-in engine does (a larger one is never slower)")
+                   help="with --arms: the engines run the γ they are given (servers such as vLLM); default: γ is a "
+                        "bound the engine verifies within, as the built-in engine does (a larger one is never slower)")
 
 
 def artifact_key() -> bytes | None:
@@ -53,15 +59,17 @@ def redis_client(url: str | None):
 
 def main(args) -> int:
     from engines.arms import ArmMenu
+    from engines.config import load_engine_config
     from telemetry.retrainer import Retrainer
 
     key, client = artifact_key(), redis_client(args.redis)
     if key is None or client is None:
         return 2
     try:
-        menu = ArmMenu.parse(args.arms, adaptive=not args.fixed_gamma)
-    except ValueError as e:
-        print(f"error: --arms: {e}", file=sys.stderr)
+        menu = (ArmMenu.parse(args.arms, adaptive=not args.fixed_gamma) if args.arms
+                else load_engine_config(args.engine_config).arm_menu())
+    except (OSError, ValueError) as e:  # pydantic's ValidationError is a ValueError
+        print(f"error: {'--arms' if args.arms else '--engine-config'}: {e}", file=sys.stderr)
         return 2
     r = Retrainer(client, key, window=args.window, every=args.every, min_rows=args.min_rows, arms=menu)
     log.info("retrainer: every %d outcomes, window %d", args.every, args.window)

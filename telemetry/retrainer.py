@@ -125,7 +125,7 @@ class Retrainer:
         rows = list(self.rows)
         t0 = time.perf_counter()
         live = self.live_model()
-        candidate, decision = judge(rows, live, self.arms.by_preference())
+        candidate, decision = judge(rows, live, self.arms.by_preference(), kind_of=self.arms.kind_of)
         decision.update(train_s=round(time.perf_counter() - t0, 3), time=time.time())
         self.decisions.append(decision)
         try:

@@ -112,8 +112,8 @@ def fit_prior(bench: dict, requests, classifier, model) -> dict[str, dict]:
     1.5): a sampled answer that ends early reads slow for its prefill, not its draft."""
     from scipy.optimize import minimize
 
-    from engines.arms import Arm
-    from policy.model import INTERCEPT, TEMPERATURE, DraftModel, draft_kind, prior_draft, speedups_at
+    from engines.arms import Arm, DraftKind
+    from policy.model import INTERCEPT, TEMPERATURE, DraftModel, prior_of, speedups_at
 
     st = bench["settings"]
     ms = measured(bench)
@@ -121,8 +121,8 @@ def fit_prior(bench: dict, requests, classifier, model) -> dict[str, dict]:
     out = {}
     for arm in (a for a in st["modes"] if a not in ("plain", ADAPTIVE)):
         a = Arm.parse(arm)
-        kind = draft_kind(a.draft)
-        prior = prior_draft(kind)
+        kind = DraftKind.guess(a.draft)  # a run records its arms' names only
+        prior = prior_of(kind)
         rows = [(f, ms[(r.idx, arm)], ms[(r.idx, "plain")]) for r, f in feats if (r.idx, arm) in ms and
                 (r.idx, "plain") in ms]
 
@@ -139,7 +139,7 @@ def fit_prior(bench: dict, requests, classifier, model) -> dict[str, dict]:
 
         start = [prior.accept_coef[INTERCEPT], prior.accept_coef[TEMPERATURE]]
         best = minimize(loss, start, method="Nelder-Mead")
-        out[arm] = dict(kind=kind, requests=len(rows), intercept=round(float(best.x[0]), 3),
+        out[arm] = dict(kind=kind.kind, requests=len(rows), intercept=round(float(best.x[0]), 3),
                         temperature=round(float(best.x[1]), 3), prior=[round(v, 3) for v in start],
                         loss=round(float(best.fun), 4), prior_loss=round(float(loss(start)), 4))
     return out

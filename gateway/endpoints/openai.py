@@ -27,11 +27,12 @@ import math
 import os
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import httpx
 
 from engines.api import GenerationRequest, GenerationResult, GenerationStats, LoadSnapshot, TokenDelta
-from engines.arms import ArmMenu, parse_arm_specs
+from engines.arms import ArmMenu, DraftKind, parse_arm_specs
 from engines.errors import Cancelled, EngineUnavailable, InvalidRequest, Overloaded
 from gateway.config import OpenAIServerConfig
 from gateway.endpoints.health import HealthState
@@ -57,7 +58,8 @@ class OpenAIServerEndpoint:
         self.config = config
         self.id = config.id or config.url.rstrip("/")
         self.address = config.url.rstrip("/")
-        self._menu = ArmMenu.of(parse_arm_specs(config.arms, ranges=config.gamma_field is not None))
+        self._menu = replace(ArmMenu.of(parse_arm_specs(config.arms, ranges=config.gamma_field is not None)),
+                             kinds=tuple((d, DraftKind(k)) for d, k in sorted(config.draft_kinds.items())))
         key = os.environ.get(config.api_key_env, "") if config.api_key_env else ""
         self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream, application/json"}
         if key:

@@ -198,7 +198,7 @@ class Load(_message.Message):
     def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., tokens_per_step: _Optional[float] = ..., kv_used_tokens: _Optional[int] = ..., kv_limit_tokens: _Optional[int] = ..., recent_step_s: _Optional[float] = ...) -> None: ...
 
 class EngineStatus(_message.Message):
-    __slots__ = ("id", "address", "healthy", "drafts", "gamma_min", "gamma_max", "load", "max_context", "arms", "adaptive_gamma")
+    __slots__ = ("id", "address", "healthy", "drafts", "gamma_min", "gamma_max", "load", "max_context", "arms", "adaptive_gamma", "draft_kinds")
     ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
@@ -209,6 +209,7 @@ class EngineStatus(_message.Message):
     MAX_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     ARMS_FIELD_NUMBER: _ClassVar[int]
     ADAPTIVE_GAMMA_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_KINDS_FIELD_NUMBER: _ClassVar[int]
     id: str
     address: str
     healthy: bool
@@ -219,7 +220,18 @@ class EngineStatus(_message.Message):
     max_context: int
     arms: _containers.RepeatedScalarFieldContainer[str]
     adaptive_gamma: bool
-    def __init__(self, id: _Optional[str] = ..., address: _Optional[str] = ..., healthy: _Optional[bool] = ..., drafts: _Optional[_Iterable[str]] = ..., gamma_min: _Optional[int] = ..., gamma_max: _Optional[int] = ..., load: _Optional[_Union[Load, _Mapping]] = ..., max_context: _Optional[int] = ..., arms: _Optional[_Iterable[str]] = ..., adaptive_gamma: _Optional[bool] = ...) -> None: ...
+    draft_kinds: _containers.RepeatedCompositeFieldContainer[DraftKind]
+    def __init__(self, id: _Optional[str] = ..., address: _Optional[str] = ..., healthy: _Optional[bool] = ..., drafts: _Optional[_Iterable[str]] = ..., gamma_min: _Optional[int] = ..., gamma_max: _Optional[int] = ..., load: _Optional[_Union[Load, _Mapping]] = ..., max_context: _Optional[int] = ..., arms: _Optional[_Iterable[str]] = ..., adaptive_gamma: _Optional[bool] = ..., draft_kinds: _Optional[_Iterable[_Union[DraftKind, _Mapping]]] = ...) -> None: ...
+
+class DraftKind(_message.Message):
+    __slots__ = ("draft", "kind", "model")
+    DRAFT_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    draft: str
+    kind: str
+    model: str
+    def __init__(self, draft: _Optional[str] = ..., kind: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
     __slots__ = ("engines", "policy_version", "rules_version")

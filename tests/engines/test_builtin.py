@@ -6,7 +6,7 @@ import time
 import pytest
 
 from engines.api import ChatMessage, GenerationRequest, SamplingParams
-from engines.arms import Arm
+from engines.arms import Arm, DraftKind
 from engines.builtin import BuiltinEngine
 from engines.config import EngineConfig, LayerDraftConfig, NgramDraftConfig
 from engines.errors import Cancelled, InvalidRequest, Overloaded, TokenizerMismatch
@@ -48,6 +48,12 @@ def test_streamed_deltas_add_up_to_the_result(engine):
 @pytest.mark.parametrize("arm", ["ngram:1", "ngram:6", "half:2", "half:5"])
 def test_every_arm_gives_plain_greedy_output(engine, arm):
     assert engine.generate(req(arm)).token_ids == engine.generate(req("plain")).token_ids
+
+
+def test_the_menu_says_what_each_draft_is(engine):
+    """As configured, not as the names suggest: the policy's prior for a draft it has not seen."""
+    menu = engine.arms()
+    assert (menu.kind_of("ngram"), menu.kind_of("half")) == (DraftKind("ngram"), DraftKind("layers"))
 
 
 def test_chat_messages_go_through_a_template(engine):

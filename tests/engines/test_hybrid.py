@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from engines.api import SamplingParams
+from engines.arms import DraftKind
 from engines.config import EagleDraftConfig, EngineConfig, HybridDraftConfig, NgramDraftConfig
 from engines.proposers import EagleProposer, HybridProposer, NgramProposer, Proposal
 from engines.running import Running
@@ -63,6 +64,18 @@ def test_a_hybrid_must_name_a_lookup_and_a_model_draft_of_the_engine():
         EngineConfig(drafts=[NgramDraftConfig(), EagleDraftConfig(), HybridDraftConfig(lookup="eagle")])
     with pytest.raises(ValueError, match="'nowhere'"):
         EngineConfig(drafts=[NgramDraftConfig(), HybridDraftConfig(model="nowhere")])
+
+
+def test_the_menu_says_what_each_draft_is_whatever_its_name():
+    """The policy starts a draft it has not seen from its kind's prior and draws a hybrid
+    with its model draft: it learns both from the engine's menu, not from the names."""
+    menu = EngineConfig(drafts=[NgramDraftConfig(name="lookup"), EagleDraftConfig(name="head"),
+                                HybridDraftConfig(name="mix", lookup="lookup", model="head")]).arm_menu()
+    assert [(d, menu.kind_of(d)) for d in menu.drafts] == [
+        ("lookup", DraftKind("ngram")), ("head", DraftKind("eagle")), ("mix", DraftKind("hybrid", "head"))]
+    assert DraftKind.guess("mix") == DraftKind("model")  # what the names alone would have said
+    default = EngineConfig().arm_menu()
+    assert all(default.kind_of(d) == DraftKind.guess(d) for d in default.drafts)  # the default's names say it
 
 
 def test_without_the_model_a_round_still_looks_up():

@@ -53,6 +53,18 @@ def test_rules_check_exit_codes(tmp_path):
     assert out.returncode == 0 and "OK" in out.stdout
 
 
+def test_retrain_refuses_an_engine_config_it_cannot_read(tmp_path):
+    """Before touching Redis: the menu it judges candidates on comes from the engines' config."""
+    bad = tmp_path / "engine.yaml"
+    env = {**os.environ, "SPECGATE_ARTIFACT_KEY": "k" * 32}
+    for text, msg in (("drafts: [{kind: ngram, name: plain}]", "not 'plain'"), ("drafts: [", "not YAML")):
+        bad.write_text(text)
+        out = subprocess.run(CLI + ["retrain", "--redis", "redis://127.0.0.1:1/0", "--once", "--engine-config",
+                                    str(bad)], capture_output=True, text=True, env=env, timeout=60)
+        assert out.returncode == 2 and "error: --engine-config" in out.stderr and msg in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr
+
+
 def test_the_health_probe_imports_no_ml_stack():
     out = subprocess.run([sys.executable, "-X", "importtime", "-m", "gateway.cli",
                           "health", "--help"], capture_output=True, text=True, cwd=REPO)

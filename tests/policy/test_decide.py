@@ -3,10 +3,11 @@
 import dataclasses
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engines.arms import Arm, ArmMenu
+from engines.arms import Arm, ArmMenu, DraftKind
 from policy.decide import SOURCES, decide
 from policy.features import RequestFeatures
 from policy.model import prior_model
@@ -130,10 +131,11 @@ def test_a_drafts_equal_predictions_go_to_its_largest_gamma():
 
 
 def test_a_hybrid_is_drawn_with_its_model_part():
-    """A hybrid ('ngram-<model>') runs its model part wherever lookup finds nothing, so their
-    acceptance moves together: Thompson draws that rate the hybrid above the head alone at
-    the mean do so in every draw, and the head alone is never explored in its place. Two
-    unrelated drafts with the same coefficients are drawn independently and both get tried."""
+    """A hybrid runs its model part wherever lookup finds nothing, so their acceptance moves
+    together: Thompson draws that rate the hybrid above the head alone at the mean do so in
+    every draw, and the head alone is never explored in its place. Two unrelated drafts with
+    the same coefficients are drawn independently and both get tried. What a draft is comes
+    from the engine where it says (any names), else from the default config's names."""
     from policy.model import N_FEATURES, DraftModel, PolicyModel
 
     head = [0.0] * N_FEATURES  # α ≈ 0.5
@@ -142,14 +144,33 @@ def test_a_hybrid_is_drawn_with_its_model_part():
     f = RequestFeatures("chat", 0.0, 1, 900, 200, 0.0)
     rules = parse_rules("default: {explore: 1.0}")
 
-    def chosen(names):
+    def chosen(names, kinds=()):
         model = PolicyModel("t", {names[0]: DraftModel(head, None, [0.0, 0.09, 0.02]),
                                   names[1]: DraftModel(hybrid, None, [0.0, 0.09, 0.02])}, explore=1.0)
-        menu = ArmMenu(names, 1, 8, adaptive=True)
+        menu = ArmMenu(names, 1, 8, adaptive=True, kinds=kinds)
         return {decide(f, rules, model, random.Random(seed), menu).arm.draft for seed in range(400)}
 
     assert chosen(("eagle", "ngram-eagle")) == {"ngram-eagle"}
     assert chosen(("eagle", "other")) == {"eagle", "other"}
+    assert chosen(("head", "mix")) == {"head", "mix"}
+    assert chosen(("head", "mix"), (("mix", DraftKind("hybrid", "head")), ("head", DraftKind("eagle")))) == {"mix"}
+
+
+def test_an_unseen_draft_starts_from_its_kinds_prior():
+    """A draft the model has no outcomes for is predicted by its kind's prior: the kind
+    the engine reports, whatever the draft is called (prompt lookup named 'lookup' is
+    predicted as prompt lookup, not as a separate draft model costing most of a step)."""
+    f = RequestFeatures("coding", 0.0, 1, 900, 200, 0.9)
+    rules = parse_rules("default: {explore: 0}")
+
+    def predicted(kinds=()):
+        menu = ArmMenu(("lookup",), 8, 8, adaptive=True, kinds=kinds)
+        return decide(f, rules, None, random.Random(0), menu).predicted_speedup["lookup:8"]
+
+    as_lookup = predicted((("lookup", DraftKind("ngram")),))
+    assert as_lookup == pytest.approx(prior_model().speedup(f, "ngram", 8), abs=1e-3) and as_lookup > 1.0
+    as_named = predicted()  # no kind reported: a name that is no default draft's reads as a draft model
+    assert as_named == pytest.approx(prior_model().speedup(f, "a-draft-model", 8), abs=1e-3) and as_named < as_lookup
 
 
 def test_exploration_stays_near_the_best_prediction():

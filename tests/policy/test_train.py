@@ -7,9 +7,9 @@ import random
 import numpy as np
 import pytest
 
-from engines.arms import Arm
+from engines.arms import Arm, DraftKind
 from policy.features import RequestFeatures
-from policy.model import PolicyModel, acceptance_features, expected_tokens_per_round, prior_model
+from policy.model import PolicyModel, acceptance_features, expected_tokens_per_round, prior_model, prior_of
 from policy.train import TrainingRow, alpha_from_tokens_per_round, fit, greedy_arm, offline_value
 from tests.helpers import WORLD_ARMS as ARMS
 from tests.helpers import world_context as context
@@ -87,6 +87,10 @@ def test_what_the_data_never_varied_keeps_the_prior():
     busy = RequestFeatures(category="summarization", temperature=0.0, top_p=1.0, prompt_tokens=400,
                            expected_output_tokens=200, copy_signal=0.8, running=32, waiting=0)
     assert model.speedup(busy, "ngram", 8) < model.speedup(dataclasses.replace(busy, running=0), "ngram", 8)
+    # the prior kept is that of the draft's kind: by its name, or as the engine reports it
+    kept = {fit(rows, kind_of=lambda d, k=k: DraftKind(k)).draft("draft").cost_coef[2] for k in ("ngram", "model")}
+    assert kept == {prior_of(DraftKind("ngram")).cost_coef[2], prior_of(DraftKind("model")).cost_coef[2]}
+    assert model.draft("draft").cost_coef[2] == prior_of(DraftKind("model")).cost_coef[2]
 
 
 def test_uncertainty_shrinks_with_evidence_and_exploration_follows():

@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import grpc
 import pytest
 
-from engines.arms import Arm, ArmMenu, parse_arm_specs
+from engines.arms import Arm, ArmMenu, DraftKind, parse_arm_specs
 from gateway.config import OpenAIServerConfig
 from gateway.endpoints.openai import OpenAIServerEndpoint
 from gateway.endpoints.openai_wire import read_acceptance, rounds_from_rate
@@ -118,7 +118,7 @@ def fleet():
                "draft5": Script(counters=[100, 50])}
     servers = {k: serve(s) for k, s in scripts.items()}
     eps = [endpoint(servers["plain"], ["plain"], "vllm-plain"), endpoint(servers["ngram4"], ["ngram:4"], "vllm-ngram"),
-           endpoint(servers["draft5"], ["draft:5"], "vllm-draft")]
+           endpoint(servers["draft5"], ["draft:5"], "vllm-draft", draft_kinds={"draft": "eagle"})]
     with gateway_over(eps, *servers.values()) as (stub, service, on_loop):
         yield scripts, servers, eps, stub, service, on_loop
 
@@ -150,6 +150,8 @@ def test_the_policy_chooses_only_among_served_arms(fleet):
     menu = service.router.arms()
     assert set(a.name for a in menu.all_arms()) == {"plain", "ngram:4", "draft:5"}
     assert not menu.allows(Arm("ngram", 2))
+    # what each draft is: as configured, else as its name suggests
+    assert (menu.kind_of("draft"), menu.kind_of("ngram")) == (DraftKind("eagle"), DraftKind("ngram"))
 
 
 def test_reported_acceptance_is_used_and_marked(fleet):
@@ -183,6 +185,7 @@ def test_load_comes_from_the_servers_gauges(fleet):
     status = {e.id: e for e in stub.GetStatus(pb.GetStatusRequest()).engines}
     assert (status["vllm-plain"].load.running, status["vllm-plain"].load.waiting) == (5, 3)
     assert list(status["vllm-ngram"].arms) == ["ngram:4"]
+    assert [(k.draft, k.kind) for k in status["vllm-draft"].draft_kinds] == [("draft", "eagle")]
 
 
 def test_server_errors_map_to_statuses(fleet):
@@ -241,6 +244,8 @@ def test_arm_specs_and_config_errors():
             OpenAIServerConfig(url="http://h:1", arms=bad)
     with pytest.raises(ValueError):
         OpenAIServerConfig(url="h:1")
+    with pytest.raises(ValueError, match=r"no arm serves: \['spec'\]"):
+        OpenAIServerConfig(url="http://h:1", arms=["ngram:4"], draft_kinds={"spec": "eagle"})
     menu = ArmMenu.of([Arm("ngram", 4)])
     assert not menu.allows(Arm()) and menu.all_arms() == [Arm("ngram", 4)]
 

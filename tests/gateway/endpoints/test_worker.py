@@ -36,8 +36,10 @@ def test_worker_killed_mid_request_then_routed_around(engine_config):
 
         ok = stub.Generate(pb.GenerateRequest(prompt="hello world", max_tokens=4), timeout=30)
         assert ok.engine == "a" and ok.usage.output_tokens > 0
-        # the worker's built-in engine adapts γ within the bound, and the gateway's menu knows it
-        assert [e.adaptive_gamma for e in stub.GetStatus(pb.GetStatusRequest()).engines if e.healthy] == [True]
+        # the worker's built-in engine adapts γ within the bound and says what its drafts are; the gateway knows
+        engines = [e for e in stub.GetStatus(pb.GetStatusRequest()).engines if e.healthy]
+        assert [e.adaptive_gamma for e in engines] == [True]
+        assert [(k.draft, k.kind, k.model) for e in engines for k in e.draft_kinds] == [("ngram", "ngram", "")]
 
         # a long stream on a; kill a once text is flowing
         stream = stub.GenerateStream(pb.GenerateRequest(prompt="hello world", max_tokens=90, stop=["zzz"]),
