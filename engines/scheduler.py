@@ -11,6 +11,9 @@ forward, for exactly the positions the target committed.
 
 Admission: a request is admitted (FIFO, the head first: no starvation) when its
 KV reservation (prompt + max_tokens + γ_max + 1 positions) fits the budget.
+
+Failure: what goes wrong in one row's drafting, layout or verification fails that
+request alone; only the shared forward failing fails the batch (engines/builtin.py).
 """
 
 from __future__ import annotations
@@ -114,10 +117,15 @@ class Scheduler:
         proposals = self._propose(decoding)
         t1 = time.perf_counter()
         drafting_s = t1 - tp
-        plans = self._plan(proposals, drafting_s)
-        if not plans:
+        laid = []
+        for p in self._plan(proposals, drafting_s):
+            try:
+                laid.append((p, self._item(p)))
+            except Exception as e:  # noqa: BLE001 - a row that cannot be laid out fails alone, before the forward
+                self._fail(p.row, e)
+        if not laid:
             return
-        items = [self._item(p) for p in plans]
+        plans, items = [p for p, _ in laid], [it for _, it in laid]
         layers = {p.row.proposer.needs_states for p in plans if p.row.proposer is not None
                   and p.row.proposer.needs_states}
         if len(layers) > 1:
@@ -130,7 +138,10 @@ class Scheduler:
         judging_s = 0.0  # judging verified drafts (sampling, calibration): every row waits for it too
         for plan, logits, st in zip(plans, outs, states):
             ta = time.perf_counter()
-            self._apply(plan, logits, st, t0, t1, t2)
+            try:
+                self._apply(plan, logits, st, t0, t1, t2)
+            except Exception as e:  # noqa: BLE001 - one row's sampling or bookkeeping fails its own request only
+                self._fail(plan.row, e)
             if plan.kind == "verify":
                 judging_s += time.perf_counter() - ta
         sizes = [it[0].shape[0] for it in items]

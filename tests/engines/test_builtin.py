@@ -1,19 +1,21 @@
 """The built-in engine end to end on a tiny model: validation, streaming, seeds, cancel."""
 
+import dataclasses
 import threading
 import time
 
 import pytest
+import torch
 
 from engines.api import ChatMessage, GenerationRequest, SamplingParams
 from engines.arms import Arm, DraftKind
 from engines.builtin import BuiltinEngine
 from engines.config import EngineConfig, LayerDraftConfig, NgramDraftConfig
-from engines.errors import Cancelled, InvalidRequest, Overloaded, TokenizerMismatch
+from engines.errors import Cancelled, EngineError, InvalidRequest, Overloaded, TokenizerMismatch
 from engines.llama import LlamaModel
 from engines.loading import check_tokenizers_match
 from engines.proposers import ModelDraftProposer, NgramProposer
-from engines.proposers.base import ProposerBase
+from engines.proposers.base import Proposal, ProposerBase
 from tests.helpers import WORDS, tiny_loaded, tiny_tokenizer
 
 CONFIG = EngineConfig(drafts=[NgramDraftConfig(), LayerDraftConfig(name="half", first_k=2)],
@@ -176,6 +178,30 @@ def test_a_failing_request_does_not_kill_the_engine():
         assert eng.generate(req()).stats.output_tokens > 0
     finally:
         eng.close()
+
+
+def test_a_row_that_fails_in_a_shared_step_fails_alone():
+    """A bug in one row's verification (here a proposal whose draft distribution has the
+    wrong shape) fails that request, not the others decoding in the same steps."""
+    target = tiny_loaded()
+
+    class Malformed(ProposerBase):
+        def propose(self, context, gamma, sampling, generator):
+            return Proposal(torch.tensor([5, 6]), torch.zeros(1, 3), None)
+
+    eng = BuiltinEngine(target, {"bad": lambda cap: Malformed()}, CONFIG, start_worker=False)
+    bad = dataclasses.replace(req("bad:2", temperature=0.8, seed=1, ignore_eos=True), request_id="bad",
+                              fixed_gamma=True)  # verified whole, whatever the budget
+    handles = [eng.submit(r) for r in (req(ignore_eos=True), bad, req(temperature=0.8, seed=2, ignore_eos=True))]
+    loop = threading.Thread(target=eng.serve_forever, daemon=True)
+    loop.start()
+    try:
+        with pytest.raises(EngineError, match="internal error in request bad"):
+            handles[1].wait(30)
+        assert [h.wait(30).stats.output_tokens for h in handles[::2]] == [12, 12]
+    finally:
+        eng.close()
+        loop.join(10)
 
 
 def test_tokenizer_mismatch_names_the_first_differing_token():
