@@ -89,6 +89,9 @@ def parse_arm_specs(specs: Iterable[str], ranges: bool = True) -> frozenset[Arm]
     return frozenset(out)
 
 
+LONE_KINDS = ("ngram", "eagle", "model", "layers")  # what a draft can be alone (a hybrid names two of them)
+
+
 @dataclass(frozen=True)
 class DraftKind:
     """What a draft is: its configured kind and, for a hybrid, the model draft it runs
@@ -110,6 +113,15 @@ class DraftKind:
         if name.startswith(("eagle", "distill")):
             return DraftKind("eagle")
         return DraftKind("layers" if name.startswith("selfspec") else "model")
+
+    @staticmethod
+    def parse(spec: str, drafts: Iterable[str]) -> tuple[str, DraftKind]:
+        """'NAME=KIND' (e.g. 'spec=eagle') for one of `drafts`; ValueError naming the entry."""
+        name, sep, kind = spec.partition("=")
+        if not sep or kind not in LONE_KINDS or name not in drafts:
+            raise ValueError(f"{spec!r}: expected NAME=KIND with NAME one of {sorted(drafts)} and KIND one of "
+                             f"{', '.join(LONE_KINDS)}")
+        return name, DraftKind(kind)
 
 
 @dataclass(frozen=True)

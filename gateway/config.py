@@ -10,7 +10,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from engines.arms import parse_arm_specs
+from engines.arms import LONE_KINDS, parse_arm_specs
 from engines.config import EngineConfig
 from telemetry.config import TelemetryConfig
 
@@ -99,7 +99,7 @@ class OpenAIServerConfig(_Strict):
     """Model name sent with each request (default: the first one /v1/models lists)."""
     arms: list[str] = Field(default_factory=lambda: ["plain"], min_length=1)
     """Arms served: 'plain', 'DRAFT:GAMMA', or 'DRAFT:LO-HI' with gamma_field set."""
-    draft_kinds: dict[str, Literal["ngram", "eagle", "model", "layers"]] = Field(default_factory=dict)
+    draft_kinds: dict[str, Literal[LONE_KINDS]] = Field(default_factory=dict)
     """What each draft in `arms` is (e.g. {spec: eagle} for a vLLM serving an EAGLE head as 'spec'):
     the policy's starting point for a draft it has no outcomes for yet. A draft not listed is
     judged by its name (ngram*, eagle*; anything else a separate draft model)."""

@@ -32,6 +32,9 @@ def add_arguments(r) -> None:
                       help="arms the engines serve instead, e.g. 'ngram:4,draft:5' for servers configured per arm or "
                            "'ngram,draft:1-8'; a draft no engine config describes is judged by its name (ngram*, "
                            "eagle*, ngram-<model> the hybrid; else a separate draft model)")
+    r.add_argument("--draft-kind", action="append", default=[], metavar="NAME=KIND",
+                   help="with --arms, what a draft is where its name does not say (e.g. spec=eagle; KIND: ngram, "
+                        "eagle, model or layers), as the gateway's draft_kinds; repeatable")
     r.add_argument("--fixed-gamma", action="store_true",
                    help="with --arms: the engines run the γ they are given (servers such as vLLM); default: γ is a "
                         "bound the engine verifies within, as the built-in engine does (a larger one is never slower)")
@@ -58,18 +61,28 @@ def redis_client(url: str | None):
 
 
 def main(args) -> int:
-    from engines.arms import ArmMenu
+    from dataclasses import replace
+
+    from engines.arms import ArmMenu, DraftKind
     from engines.config import load_engine_config
     from telemetry.retrainer import Retrainer
 
     key, client = artifact_key(), redis_client(args.redis)
     if key is None or client is None:
         return 2
+    if args.draft_kind and not args.arms:
+        print("error: --draft-kind goes with --arms (an engine config says what its drafts are)", file=sys.stderr)
+        return 2
     try:
         menu = (ArmMenu.parse(args.arms, adaptive=not args.fixed_gamma) if args.arms
                 else load_engine_config(args.engine_config).arm_menu())
     except (OSError, ValueError) as e:  # pydantic's ValidationError is a ValueError
         print(f"error: {'--arms' if args.arms else '--engine-config'}: {e}", file=sys.stderr)
+        return 2
+    try:
+        menu = replace(menu, kinds=menu.kinds + tuple(DraftKind.parse(k, menu.drafts) for k in args.draft_kind))
+    except ValueError as e:
+        print(f"error: --draft-kind {e}", file=sys.stderr)
         return 2
     r = Retrainer(client, key, window=args.window, every=args.every, min_rows=args.min_rows, arms=menu)
     log.info("retrainer: every %d outcomes, window %d", args.every, args.window)

@@ -63,6 +63,13 @@ def test_retrain_refuses_an_engine_config_it_cannot_read(tmp_path):
                                     str(bad)], capture_output=True, text=True, env=env, timeout=60)
         assert out.returncode == 2 and "error: --engine-config" in out.stderr and msg in out.stderr, out.stderr
         assert "Traceback" not in out.stderr
+    # servers configured per arm: what a draft is where its name does not say
+    for extra, msg in ((["--arms", "plain,spec:5", "--draft-kind", "spec=wizard"], "KIND one of ngram, eagle"),
+                       (["--arms", "plain,spec:5", "--draft-kind", "other=eagle"], "NAME one of ['spec']"),
+                       (["--draft-kind", "spec=eagle"], "goes with --arms")):
+        out = subprocess.run(CLI + ["retrain", "--redis", "redis://127.0.0.1:1/0", "--once"] + extra,
+                             capture_output=True, text=True, env=env, timeout=60)
+        assert out.returncode == 2 and msg in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
 def test_the_health_probe_imports_no_ml_stack():

@@ -246,6 +246,9 @@ def test_arm_specs_and_config_errors():
         OpenAIServerConfig(url="h:1")
     with pytest.raises(ValueError, match=r"no arm serves: \['spec'\]"):
         OpenAIServerConfig(url="http://h:1", arms=["ngram:4"], draft_kinds={"spec": "eagle"})
+    with pytest.raises(ValueError, match="draft_kinds.spec"):
+        OpenAIServerConfig(url="http://h:1", arms=["spec:4"], draft_kinds={"spec": "wizard"})
+    assert DraftKind.parse("spec=eagle", ["spec"]) == ("spec", DraftKind("eagle"))
     menu = ArmMenu.of([Arm("ngram", 4)])
     assert not menu.allows(Arm()) and menu.all_arms() == [Arm("ngram", 4)]
 
