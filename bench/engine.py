@@ -12,11 +12,19 @@ Every figure is a ratio measured in the same run, the modes interleaved per
 prompt, because these machines are shared and their absolute speed drifts.
 Greedy outputs of every mode are compared with plain's: any difference is
 reported (lossless decoding makes it empty).
+
+Sampled, every mode writes its own text, so a few prompts per category compare
+texts as much as modes: `--samples N` runs each prompt N times per mode with
+N seeds, and the adaptive mode against the draft's best fixed γ in hindsight
+gets a 95% interval from a bootstrap over prompts (each prompt's every mode and
+sample drawn together, the best fixed γ chosen afresh in each draw, so the
+interval carries the luck of that choice too).
 """
 
 from __future__ import annotations
 
 import json
+import random
 import statistics
 import sys
 import time
@@ -27,6 +35,7 @@ from pathlib import Path
 import torch
 
 from bench import cpu_model, default_data_path
+from bench.specbench.intervals import BOOTSTRAP, verdict
 from engines.api import ChatMessage, GenerationRequest, SamplingParams
 from engines.arms import Arm
 from engines.builtin import BuiltinEngine, drive_from_side_thread
@@ -147,37 +156,37 @@ def hf_generate_runner(engine: BuiltinEngine):
 
 
 def run_bench(engine: BuiltinEngine, rows: list[dict], modes: list[str], temperatures: list[float], max_tokens: int,
-              hf_pld: tuple[int, ...] | None, log=print) -> dict:
+              hf_pld: tuple[int, ...] | None, log=print, samples: int = 1) -> dict:
     hf = hf_generate_runner(engine) if hf_pld is not None else None
     cells: dict[tuple[float, str, str], Cell] = defaultdict(Cell)
     mismatches = []
-    total = len(rows) * sum(len(modes) + (1 + len(hf_pld) if hf and t == 0 else 0) for t in temperatures)
+    total = len(rows) * sum(samples * len(modes) + (1 + len(hf_pld) if hf and t == 0 else 0) for t in temperatures)
     done, t_start = 0, time.perf_counter()
     for row in rows:
-        cat = row["category"]
+        cat, qid = row["category"], str(row["question_id"])
         for temp in temperatures:
-            sp = SamplingParams(max_tokens=max_tokens, temperature=temp, seed=int(row["question_id"]))
-            req = dict(request_id=str(row["question_id"]), messages=(ChatMessage("user", row["turns"][0]),),
-                       sampling=sp)
-            outputs = {}
-            rotation = [modes[(i + done) % len(modes)] for i in range(len(modes))]  # drift hits every mode alike
-            for mode in rotation:
-                arm, fixed = parse_mode(mode)
-                res = engine.generate(GenerationRequest(arm=arm, fixed_gamma=fixed, **req))
-                s = res.stats
-                cells[(temp, cat, mode)].add(s, prompt_tokens=s.prompt_tokens)
-                outputs[mode] = res.token_ids
-                done += 1
-                log(f"[{done}/{total}] {time.perf_counter() - t_start:6.0f}s T={temp:g} {cat:<14} {mode:<16} "
-                    f"{s.tokens_per_s:6.1f} tok/s  acc {s.acceptance_rate:.2f}  mal {s.mean_accepted_length:.2f}")
-            if temp == 0 and "plain" in outputs:
-                mismatches += [(row["question_id"], m) for m, ids in outputs.items() if ids != outputs["plain"]]
+            for k in range(samples):
+                sp = SamplingParams(max_tokens=max_tokens, temperature=temp, seed=int(qid) + 100_003 * k)
+                req = dict(request_id=qid, messages=(ChatMessage("user", row["turns"][0]),), sampling=sp)
+                outputs = {}
+                rotation = [modes[(i + done) % len(modes)] for i in range(len(modes))]  # drift hits every mode alike
+                for mode in rotation:
+                    arm, fixed = parse_mode(mode)
+                    res = engine.generate(GenerationRequest(arm=arm, fixed_gamma=fixed, **req))
+                    s = res.stats
+                    cells[(temp, cat, mode)].add(s, prompt_tokens=s.prompt_tokens, prompt=qid, sample=k)
+                    outputs[mode] = res.token_ids
+                    done += 1
+                    log(f"[{done}/{total}] {time.perf_counter() - t_start:6.0f}s T={temp:g} {cat:<14} {mode:<16} "
+                        f"{s.tokens_per_s:6.1f} tok/s  acc {s.acceptance_rate:.2f}  mal {s.mean_accepted_length:.2f}")
+                if temp == 0 and "plain" in outputs:
+                    mismatches += [(qid, m) for m, ids in outputs.items() if ids != outputs["plain"]]
             if hf and temp == 0:
                 prompt_ids = encode_prompt(engine.tokenizer, GenerationRequest(**req))
                 for pld in (None, *hf_pld):
                     name = "hf" if pld is None else f"hf-pld:{pld}"
                     out, secs = hf(prompt_ids, max_tokens, pld)
-                    cells[(temp, cat, name)].add(tokens=len(out), seconds=secs)
+                    cells[(temp, cat, name)].add(tokens=len(out), seconds=secs, prompt=qid, sample=0)
                     done += 1
                     log(f"[{done}/{total}] {time.perf_counter() - t_start:6.0f}s T=0 {cat:<14} {name:<16} "
                         f"{len(out) / secs:6.1f} tok/s")
@@ -226,17 +235,55 @@ def summarize(cells, mismatches, modes, temperatures, hf_pld) -> dict:
                 runs={f"{t:g}|{c}|{n}": cells[(t, c, n)].runs for t, c, n in cells})
 
 
-def hindsight(table: dict, draft: str, adaptive: str) -> dict:
-    """Per category: the draft's best fixed γ in hindsight against its adaptive mode."""
+def hindsight(table: dict, runs: dict, temp: str, draft: str, adaptive: str) -> dict:
+    """Per category (and ALL): the draft's best fixed γ in hindsight against its
+    adaptive mode, with `interval` [point, low, high] over prompts."""
     out = {}
     for cat, row in table.items():
         fixed = {m: v["vs_plain"] for m, v in row.items() if m.startswith(draft + ":") and m.endswith("/fixed")}
         if not fixed or adaptive not in row:
             continue
         best = max(fixed, key=fixed.get)
+        ratio = row[adaptive]["vs_plain"] / fixed[best]
         out[cat] = dict(best_fixed=best, best_fixed_x=fixed[best], adaptive_x=row[adaptive]["vs_plain"],
-                        ratio=row[adaptive]["vs_plain"] / fixed[best])
+                        ratio=ratio, interval=_hindsight_interval(runs, temp, cat, list(fixed), adaptive, ratio))
     return out
+
+
+def _hindsight_interval(runs: dict, temp: str, cat: str, fixed: list[str], adaptive: str,
+                        point: float, b: int = BOOTSTRAP, seed: int = 0) -> list[float]:
+    """[point, low, high]: 2.5th and 97.5th percentiles of the adaptive mode's rate over
+    the best fixed mode's, prompts resampled within each category."""
+    per: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
+    for key, rs in runs.items():
+        t, c, mode = key.split("|")
+        if t != temp or (cat != "ALL" and c != cat) or mode not in (*fixed, adaptive):
+            continue
+        for r in rs:
+            if "prompt" not in r:
+                return [round(point, 4), float("nan"), float("nan")]  # runs of an older bench: no pairing kept
+            acc = per[(c, r["prompt"])][mode]
+            acc[0] += r["tokens"]
+            acc[1] += r["seconds"]
+    strata: dict[str, list[dict]] = defaultdict(list)
+    for (c, _), modes in per.items():
+        strata[c].append(modes)
+    rng, draws = random.Random(seed), []
+    for _ in range(b):
+        total: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        for prompts in strata.values():
+            for _ in prompts:
+                for mode, (tok, sec) in rng.choice(prompts).items():
+                    total[mode][0] += tok
+                    total[mode][1] += sec
+        rate = {m: tok / sec for m, (tok, sec) in total.items() if sec > 0}
+        if adaptive in rate and any(m in rate for m in fixed):
+            draws.append(rate[adaptive] / max(rate[m] for m in fixed if m in rate))
+    if len(draws) < 2:
+        return [round(point, 4), float("nan"), float("nan")]
+    draws.sort()
+    return [round(point, 4), round(draws[int(0.025 * len(draws))], 4),
+            round(draws[min(len(draws) - 1, int(0.975 * len(draws)))], 4)]
 
 
 def format_table(table: dict, modes: list[str]) -> str:
@@ -272,6 +319,9 @@ def main(args) -> int:
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     for m in args.modes:
         parse_mode(m)
+    if args.samples < 1:
+        print("error: --samples must be at least 1", file=sys.stderr)
+        return 2
     log(f"machine: {cpu_model()}; torch {torch.__version__}")
     log(f"engine config: {config.model_dump_json()}")
     # The decode loop runs on this (main) thread, as in `specgate serve`; the
@@ -281,10 +331,11 @@ def main(args) -> int:
     log("target forward, median: " + ", ".join(f"T={t}: {s * 1e3:.1f} ms" for t, s in cost.items()))
     summary = drive_from_side_thread(engine, lambda: run_bench(
         engine, rows, args.modes, args.temperatures, args.max_tokens,
-        None if args.no_hf else tuple(args.hf_pld), log))
+        None if args.no_hf else tuple(args.hf_pld), log, args.samples))
     summary["verify_cost_s"] = cost
     summary["verify8_over_step"] = cost[9] / cost[1]
-    summary["settings"] = dict(max_tokens=args.max_tokens, per_category=args.per_category, modes=args.modes,
+    summary["settings"] = dict(max_tokens=args.max_tokens, per_category=args.per_category, samples=args.samples,
+                               modes=args.modes,
                                temperatures=args.temperatures, dtype=config.target.dtype, cpu=cpu_model(),
                                profile=engine.profile.describe() if engine.profile else None)
     print(f"machine: {cpu_model()}; start-up profile: {summary['settings']['profile']}")
@@ -292,12 +343,17 @@ def main(args) -> int:
         print(f"\n### T={t}: speed over plain (acceptance per drafted token / mean accepted length)\n")
         print(format_table(table, args.modes))
         for draft, adaptive in (("ngram", "ngram:8"), ("eagle", "eagle:6")):
-            h = hindsight(table, draft, adaptive)
+            h = hindsight(table, summary["runs"], t, draft, adaptive)
             if h:
-                within = sum(v["ratio"] >= 0.97 for c, v in h.items() if c != "ALL")
-                print(f"{adaptive} (adaptive) vs {draft}'s best fixed γ in hindsight, per category: within 3% or "
-                      f"better in {within}/{len(h) - ('ALL' in h)}; " + ", ".join(
-                          f"{c} {v['ratio']:.2f}" for c, v in h.items()))
+                summary.setdefault("hindsight", {})[f"{t}|{adaptive}"] = h
+                cats = {c: v for c, v in h.items() if c != "ALL"}
+                verdicts = [verdict(v["interval"], 0.97) for v in cats.values()]
+                print(f"{adaptive} (adaptive) vs {draft}'s best fixed γ in hindsight, per category [95% interval "
+                      f"over prompts]: within 3% or better in {sum(v['ratio'] >= 0.97 for v in cats.values())}"
+                      f"/{len(cats)} (interval: met {verdicts.count('met')}, undecided "
+                      f"{verdicts.count('undecided')}, missed {verdicts.count('missed')}); " + ", ".join(
+                          f"{c} {v['ratio']:.2f} [{v['interval'][1]:.2f}, {v['interval'][2]:.2f}]"
+                          for c, v in h.items()))
         costs = {m: v["draft_cost"] for m, v in table["ALL"].items() if v.get("draft_cost") is not None
                  and not m.startswith("ngram")}
         if costs:
@@ -322,6 +378,8 @@ def add_arguments(p) -> None:
     p.add_argument("--per-category", type=int, default=1, help="prompts per category (default: %(default)s)")
     p.add_argument("--categories", nargs="*", help="only these categories")
     p.add_argument("--max-tokens", type=int, default=128, help="tokens per prompt (default: %(default)s)")
+    p.add_argument("--samples", type=int, default=1,
+                   help="runs of each prompt per mode and temperature, with as many seeds (default: %(default)s)")
     p.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 0.7], help="(default: %(default)s)")
     p.add_argument("--modes", nargs="+", default=list(DEFAULT_MODES),
                    help="plain, DRAFT:G (adaptive up to G) or DRAFT:G/fixed (default: %(default)s)")

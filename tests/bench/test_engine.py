@@ -1,0 +1,77 @@
+"""bench-engine's hindsight: the adaptive mode against the draft's best fixed γ,
+with an interval over prompts."""
+
+import math
+import random
+
+from bench.engine import hindsight
+from bench.specbench.intervals import verdict
+
+FIXED = ("ngram:1/fixed", "ngram:2/fixed")
+
+
+def _runs(speeds: dict[str, list[float]], cat: str = "writing", samples: int = 1) -> dict:
+    """speeds[mode][p]: tokens per second on prompt p (100 tokens a run)."""
+    return {f"0.7|{cat}|{mode}": [dict(tokens=100, seconds=100 / v, prompt=str(p), sample=k)
+                                  for p, v in enumerate(vs) for k in range(samples)]
+            for mode, vs in speeds.items()}
+
+
+def _table(runs: dict) -> dict:
+    table: dict = {}
+    for key, rs in runs.items():
+        _, cat, mode = key.split("|")
+        table.setdefault(cat, {})[mode] = sum(r["tokens"] for r in rs) / sum(r["seconds"] for r in rs)
+    for row in table.values():
+        plain = row.pop("plain")
+        for mode in row:
+            row[mode] = dict(vs_plain=row[mode] / plain)
+    return table
+
+
+def test_an_adaptive_mode_ahead_on_every_prompt_is_met_with_a_tight_interval():
+    rng = random.Random(1)
+    base = [rng.uniform(30, 60) for _ in range(8)]  # prompts differ 2x; the ratio on each does not
+    runs = _runs({"plain": base, FIXED[0]: [1.1 * b for b in base], FIXED[1]: [1.05 * b for b in base],
+                  "ngram:8": [1.155 * b for b in base]})
+    h = hindsight(_table(runs), runs, "0.7", "ngram", "ngram:8")["writing"]
+    assert h["best_fixed"] == FIXED[0]
+    point, low, high = h["interval"]
+    assert point == round(1.05, 4) and low == high == point  # the same 5% on every prompt: no doubt
+    assert verdict(h["interval"], 0.97) == "met"
+
+
+def test_text_luck_widens_the_interval_and_the_best_fixed_is_chosen_in_every_draw():
+    # every mode is plain's speed on average, but each prompt's text gives any mode a lucky or unlucky run
+    rng = random.Random(2)
+    runs = _runs({m: [40 * rng.choice((0.8, 1.25)) for _ in range(6)] for m in ("plain", *FIXED, "ngram:8")})
+    h = hindsight(_table(runs), runs, "0.7", "ngram", "ngram:8")["writing"]
+    point, low, high = h["interval"]
+    assert low < point < high and high - low > 0.2
+    assert point == round(h["ratio"], 4)
+
+
+def test_categories_are_resampled_apart_and_all_pools_them():
+    # two categories, adaptive 0.9x in one and 1.1x in the other: ALL spans both, each stays put
+    a = _runs({"plain": [40.0] * 4, FIXED[0]: [40.0] * 4, FIXED[1]: [40.0] * 4, "ngram:8": [36.0] * 4}, "qa")
+    b = _runs({"plain": [40.0] * 4, FIXED[0]: [40.0] * 4, FIXED[1]: [40.0] * 4, "ngram:8": [44.0] * 4}, "coding")
+    runs = {**a, **b}
+    table = _table(runs)
+    table["ALL"] = _table({f"0.7|ALL|{m}": a[f"0.7|qa|{m}"] + b[f"0.7|coding|{m}"]
+                           for m in ("plain", *FIXED, "ngram:8")})["ALL"]
+    h = hindsight(table, runs, "0.7", "ngram", "ngram:8")
+    assert h["qa"]["interval"][1:] == [0.9, 0.9]
+    assert verdict(h["qa"]["interval"], 0.97) == "missed"
+    assert verdict(h["coding"]["interval"], 0.97) == "met"
+    # pooled over both, and each draw keeps four prompts of each category: no spread between them
+    point, low, high = h["ALL"]["interval"]
+    assert point == low == high == round(2 / (1 / 36 + 1 / 44) / 40, 4)
+
+
+def test_runs_without_prompts_keep_a_point_and_no_interval():
+    runs = _runs({"plain": [40.0, 50.0], FIXED[0]: [44.0, 55.0], "ngram:8": [46.0, 52.0]})
+    for rs in runs.values():
+        for r in rs:
+            del r["prompt"]
+    point, low, high = hindsight(_table(runs), runs, "0.7", "ngram", "ngram:8")["writing"]["interval"]
+    assert math.isfinite(point) and math.isnan(low) and math.isnan(high)
