@@ -362,13 +362,27 @@ def test_prompt_lookup_learns_which_matches_hold_and_probes_what_it_judged_weak(
 
 def test_a_request_that_beats_the_shared_calibration_is_trusted_further():
     copying, chatty = budget.RequestBias(), budget.RequestBias()
-    assert copying.ratio == 1.0  # no evidence: as calibrated
+    assert copying.ratio() == copying.ratio(later=True) == 1.0  # no evidence: as calibrated
     est = torch.tensor([0.4, 0.4, 0.4, 0.4])
     for _ in range(10):
         copying.observe(est, accepted=4)  # a quote: everything accepted
         chatty.observe(est, accepted=0)
-    assert copying.ratio > 2 and chatty.ratio < 0.5
-    assert copying.apply(est).min() > 0.8 and float(copying.apply(torch.tensor([0.9]))) == pytest.approx(0.99)
+    assert copying.ratio() > 1.8 and copying.ratio(later=True) > 2 and chatty.ratio() < 0.5
+    assert copying.apply(est).min() > 0.7 and float(copying.apply(torch.tensor([0.9]))) == pytest.approx(0.99)
     for _ in range(40):  # the quote ended: recent rounds weigh most
         copying.observe(est, accepted=0)
-    assert copying.ratio < 0.5
+    assert copying.ratio() < 0.5
+
+
+def test_a_copy_that_rarely_starts_but_holds_keeps_its_later_tokens():
+    # sampled free text: the first copied token is accepted one round in five, the second after an
+    # accepted first as often as calibrated; a low first ratio must not scale the later tokens down too
+    bias, est = budget.RequestBias(), torch.tensor([0.4, 0.6, 0.6])
+    for i in range(50):
+        bias.observe(est, accepted=2 if i % 5 == 0 else 0)  # accepted first: the second held, the third not
+    assert bias.ratio() < 0.7
+    assert bias.ratio(later=True) == pytest.approx(1.0, abs=0.2)
+    first, second, _ = budget.survival(bias.apply(est))
+    assert second / first == pytest.approx(0.6, abs=0.12)  # one ratio for all gave 0.6 x the first's
+
+
