@@ -3,8 +3,9 @@
 Reads the outcome stream through a consumer group (at-least-once; duplicates
 dropped by request id), keeps a window of recent outcomes, and every N new ones
 judges a candidate against the live model on outcomes the candidate was not
-fit on (policy.train.judge: time split, doubly robust, a confidence bound),
-promotes it only when it is shown better, and records every judgement.
+fit on (policy.train.judge: time split, doubly robust, a confidence bound
+that tightens with every judgement against the same live model), promotes it
+only when it is shown better, and records every judgement.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class Retrainer:
         self.new_since_fit = 0
         self.promoted: list[str] = []
         self.decisions: list[dict] = []
+        self._attempts: dict[str, int] = {}  # per live version: judgements that could have promoted
         self._group_ready = False
 
     def _ensure_group(self) -> None:
@@ -125,7 +127,11 @@ class Retrainer:
         rows = list(self.rows)
         t0 = time.perf_counter()
         live = self.live_model()
-        candidate, decision = judge(rows, live, self.arms.by_preference(), kind_of=self.arms.kind_of)
+        attempt = self._attempts.get(live.version, 0) + 1
+        candidate, decision = judge(rows, live, self.arms.by_preference(), kind_of=self.arms.kind_of,
+                                    attempt=attempt)
+        if decision["tested"]:
+            self._attempts[live.version] = attempt
         decision.update(train_s=round(time.perf_counter() - t0, 3), time=time.time())
         self.decisions.append(decision)
         try:

@@ -1,6 +1,7 @@
 """The whole loop on real parts: gateway -> Redis stream -> retrainer -> signed
 model -> the running gateway; and the spans each request leaves."""
 
+import dataclasses
 import gc
 import json
 import time
@@ -16,7 +17,8 @@ from engines.api import GenerationStats
 from engines.arms import ArmMenu
 from gateway.pb import specgate_pb2 as pb
 from policy.decide import Decision
-from telemetry.artifacts import ModelWatcher
+from policy.model import prior_model
+from telemetry.artifacts import ModelWatcher, publish
 from telemetry.otel import Instrumentation
 from telemetry.outcomes import STREAM, RedisOutcomeSink
 from telemetry.record import OutcomeRecord
@@ -78,6 +80,25 @@ def test_retrain_promote_and_the_running_gateway_serves_the_new_version(rclient,
         g.close()
         watcher.close()
         sink.close()
+
+
+def test_judgements_against_one_live_model_are_counted_and_a_promotion_starts_afresh(rclient, redis_server):
+    client = redis.Redis.from_url(redis_server.url)
+    retrainer = Retrainer(client, KEY, arms=ArmMenu(("ngram", "draft"), 1, 8), every=100, min_rows=100)
+
+    for r in synthetic_records(300):
+        client.xadd(STREAM, {"v": "2", "id": r.request_id, "record": r.to_json()})
+    while retrainer.consume(block_ms=100):
+        pass
+    for _ in range(3):  # too little to show a gain: the same candidate judged three times
+        retrainer.maybe_retrain(force=True)
+    early = retrainer.decisions[:3]
+    assert [(d["attempt"], d["tested"], d["promoted"]) for d in early] == [(k, True, False) for k in (1, 2, 3)]
+    assert early[0]["z"] < early[1]["z"] < early[2]["z"] and early[0]["lower_bound"] > early[2]["lower_bound"]
+    # another live model (a rollback, another retrainer's promotion): its judgements count from one
+    publish(client, dataclasses.replace(prior_model(), version="v-other"), KEY)
+    retrainer.maybe_retrain(force=True)
+    assert (retrainer.decisions[-1]["live"], retrainer.decisions[-1]["attempt"]) == ("v-other", 1)
 
 
 def test_spans_carry_decision_and_outcome_attributes_and_continue_the_callers_trace():
