@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from bench import cpu_model, default_data_path
-from bench.specbench.intervals import BOOTSTRAP, verdict
+from bench.specbench.intervals import BOOTSTRAP, percentile_interval, verdict
 from engines.api import ChatMessage, GenerationRequest, SamplingParams
 from engines.arms import Arm
 from engines.builtin import BuiltinEngine, drive_from_side_thread
@@ -281,9 +281,7 @@ def _hindsight_interval(runs: dict, temp: str, cat: str, fixed: list[str], adapt
             draws.append(rate[adaptive] / max(rate[m] for m in fixed if m in rate))
     if len(draws) < 2:
         return [round(point, 4), float("nan"), float("nan")]
-    draws.sort()
-    return [round(point, 4), round(draws[int(0.025 * len(draws))], 4),
-            round(draws[min(len(draws) - 1, int(0.975 * len(draws)))], 4)]
+    return percentile_interval(point, draws)
 
 
 def format_table(table: dict, modes: list[str]) -> str:

@@ -68,12 +68,13 @@ def bootstrap_c1(ms: list[dict], fixed: list[str], seed: int = 0, b: int = BOOTS
         for k, v in c1_ratios(sample, fixed).items():
             if math.isfinite(v):
                 draws[k].append(v)
-    out = {}
-    for k, v in point.items():
-        d = sorted(draws.get(k, []))
-        if d:
-            out[k] = [round(v, 4), round(d[int(0.025 * len(d))], 4), round(d[min(len(d) - 1, int(0.975 * len(d)))], 4)]
-    return out
+    return {k: percentile_interval(v, draws[k]) for k, v in point.items() if draws.get(k)}
+
+
+def percentile_interval(point: float, draws: list[float]) -> list[float]:
+    """[point, low, high]: the 2.5th and 97.5th percentiles of bootstrap draws."""
+    d = sorted(draws)
+    return [round(point, 4), round(d[int(0.025 * len(d))], 4), round(d[min(len(d) - 1, int(0.975 * len(d)))], 4)]
 
 
 def repeats_interval(values: list[float]) -> list[float]:
