@@ -32,6 +32,13 @@ log = logging.getLogger(__name__)
 
 GROUP = "specgate-retrainer"
 DECISIONS = "specgate:model:decisions"  # every promotion judgement, newest first (JSON)
+# per live version: judgements against it that could have promoted (hash). In Redis, not in one
+# retrainer's memory: a restarted retrainer, or a second one, goes on spending the same α
+ATTEMPTS = "specgate:retrainer:attempts"
+# give a reserved attempt back only if no judgement reserved one after it (its number is then unused)
+_RELEASE = """if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  return redis.call('HINCRBY', KEYS[1], ARGV[1], -1) end
+return -1"""
 
 
 @dataclass
@@ -52,7 +59,6 @@ class Retrainer:
         self.new_since_fit = 0
         self.promoted: list[str] = []
         self.decisions: list[dict] = []
-        self._attempts: dict[str, int] = {}  # per live version: judgements that could have promoted
         self._group_ready = False
 
     def _ensure_group(self) -> None:
@@ -127,11 +133,12 @@ class Retrainer:
         rows = list(self.rows)
         t0 = time.perf_counter()
         live = self.live_model()
-        attempt = self._attempts.get(live.version, 0) + 1
+        # reserved before judging, so that judgements running at once never share a level
+        attempt = int(self.client.hincrby(ATTEMPTS, live.version, 1))
         candidate, decision = judge(rows, live, self.arms.by_preference(), kind_of=self.arms.kind_of,
                                     attempt=attempt)
-        if decision["tested"]:
-            self._attempts[live.version] = attempt
+        if not decision["tested"]:  # it risked nothing: its share of α goes back
+            self.client.eval(_RELEASE, 1, ATTEMPTS, live.version, attempt)
         decision.update(train_s=round(time.perf_counter() - t0, 3), time=time.time())
         self.decisions.append(decision)
         try:

@@ -95,6 +95,14 @@ def test_judgements_against_one_live_model_are_counted_and_a_promotion_starts_af
     early = retrainer.decisions[:3]
     assert [(d["attempt"], d["tested"], d["promoted"]) for d in early] == [(k, True, False) for k in (1, 2, 3)]
     assert early[0]["z"] < early[1]["z"] < early[2]["z"] and early[0]["lower_bound"] > early[2]["lower_bound"]
+    # the count is Redis's, not the process's: a restarted retrainer goes on from it
+    restarted = Retrainer(client, KEY, arms=ArmMenu(("ngram", "draft"), 1, 8))
+    restarted.rows.extend(list(retrainer.rows)[:20])  # too few newer rows to judge: it could not have promoted
+    restarted.retrain()
+    assert (restarted.decisions[-1]["attempt"], restarted.decisions[-1]["tested"]) == (4, False)
+    restarted.rows.extend(retrainer.rows)
+    restarted.retrain()  # the untested judgement gave its number back
+    assert (restarted.decisions[-1]["attempt"], restarted.decisions[-1]["tested"]) == (4, True)
     # another live model (a rollback, another retrainer's promotion): its judgements count from one
     publish(client, dataclasses.replace(prior_model(), version="v-other"), KEY)
     retrainer.maybe_retrain(force=True)
