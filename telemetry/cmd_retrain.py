@@ -1,9 +1,13 @@
 """Learn policy models from the outcome stream and promote the better ones.
 
 Reads the stream through a consumer group (several retrainers split it), keeps a
-window of recent outcomes, refits every N new ones, scores the candidate against
-the live model offline, and publishes it, signed with $SPECGATE_ARTIFACT_KEY,
-only if it is not worse. Gateways sharing that key and Redis swap to it."""
+window of recent outcomes, and every N new ones fits a candidate on the older 70%
+and scores it against the live model on the newer 30% (doubly robust, paired). It
+publishes the candidate, signed with $SPECGATE_ARTIFACT_KEY, only when the lower
+confidence bound of the difference is above zero; the bound tightens with every
+judgement against the same live model (counted in Redis, across restarts and
+retrainers). Every judgement is kept in specgate:model:decisions (`specgate
+report` shows them). Gateways sharing the key and Redis swap to a promoted model."""
 
 from __future__ import annotations
 
