@@ -18,7 +18,10 @@ texts as much as modes: `--samples N` runs each prompt N times per mode with
 N seeds, and the adaptive mode against the draft's best fixed γ in hindsight
 gets a 95% interval from a bootstrap over prompts (each prompt's every mode and
 sample drawn together, the best fixed γ chosen afresh in each draw, so the
-interval carries the luck of that choice too).
+interval carries the luck of that choice too). Where a category's prompts differ
+in their best fixed γ (over their samples), no fixed γ serves them all and the
+adaptive mode should beat the category's best one: judged against 1.0 on the
+same interval.
 """
 
 from __future__ import annotations
@@ -237,7 +240,10 @@ def summarize(cells, mismatches, modes, temperatures, hf_pld) -> dict:
 
 def hindsight(table: dict, runs: dict, temp: str, draft: str, adaptive: str) -> dict:
     """Per category (and ALL): the draft's best fixed γ in hindsight against its
-    adaptive mode, with `interval` [point, low, high] over prompts."""
+    adaptive mode, with `interval` [point, low, high] over prompts, and how many
+    prompts each fixed γ was best on (`best_per_prompt`: where the best γ differs
+    between prompts, no fixed γ serves them all, and the adaptive mode should beat
+    the best of them)."""
     out = {}
     for cat, row in table.items():
         fixed = {m: v["vs_plain"] for m, v in row.items() if m.startswith(draft + ":") and m.endswith("/fixed")}
@@ -245,26 +251,46 @@ def hindsight(table: dict, runs: dict, temp: str, draft: str, adaptive: str) -> 
             continue
         best = max(fixed, key=fixed.get)
         ratio = row[adaptive]["vs_plain"] / fixed[best]
+        per = _per_prompt(runs, temp, cat, [*fixed, adaptive])
         out[cat] = dict(best_fixed=best, best_fixed_x=fixed[best], adaptive_x=row[adaptive]["vs_plain"],
-                        ratio=ratio, interval=_hindsight_interval(runs, temp, cat, list(fixed), adaptive, ratio))
+                        ratio=ratio, interval=_hindsight_interval(per, list(fixed), adaptive, ratio),
+                        best_per_prompt=_best_per_prompt(per, list(fixed)))
     return out
 
 
-def _hindsight_interval(runs: dict, temp: str, cat: str, fixed: list[str], adaptive: str,
-                        point: float, b: int = BOOTSTRAP, seed: int = 0) -> list[float]:
-    """[point, low, high]: 2.5th and 97.5th percentiles of the adaptive mode's rate over
-    the best fixed mode's, prompts resampled within each category."""
+def _per_prompt(runs: dict, temp: str, cat: str, modes: list[str]) -> dict | None:
+    """(category, prompt) -> mode -> [tokens, seconds] over its samples; None for
+    runs of an older bench, which kept no prompt to pair them by."""
     per: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
     for key, rs in runs.items():
         t, c, mode = key.split("|")
-        if t != temp or (cat != "ALL" and c != cat) or mode not in (*fixed, adaptive):
+        if t != temp or (cat != "ALL" and c != cat) or mode not in modes:
             continue
         for r in rs:
             if "prompt" not in r:
-                return [round(point, 4), float("nan"), float("nan")]  # runs of an older bench: no pairing kept
+                return None
             acc = per[(c, r["prompt"])][mode]
             acc[0] += r["tokens"]
             acc[1] += r["seconds"]
+    return per
+
+
+def _best_per_prompt(per: dict | None, fixed: list[str]) -> dict[str, int]:
+    """How many prompts each fixed mode was the fastest on (over its samples)."""
+    wins: dict[str, int] = defaultdict(int)
+    for modes in (per or {}).values():
+        rates = {m: tok / sec for m, (tok, sec) in modes.items() if m in fixed and sec > 0}
+        if rates:
+            wins[max(rates, key=rates.get)] += 1
+    return dict(sorted(wins.items()))
+
+
+def _hindsight_interval(per: dict | None, fixed: list[str], adaptive: str,
+                        point: float, b: int = BOOTSTRAP, seed: int = 0) -> list[float]:
+    """[point, low, high]: 2.5th and 97.5th percentiles of the adaptive mode's rate over
+    the best fixed mode's, prompts resampled within each category."""
+    if per is None:
+        return [round(point, 4), float("nan"), float("nan")]
     strata: dict[str, list[dict]] = defaultdict(list)
     for (c, _), modes in per.items():
         strata[c].append(modes)
@@ -282,6 +308,24 @@ def _hindsight_interval(runs: dict, temp: str, cat: str, fixed: list[str], adapt
     if len(draws) < 2:
         return [round(point, 4), float("nan"), float("nan")]
     return percentile_interval(point, draws)
+
+
+def differing_line(adaptive: str, cats: dict) -> str:
+    """Where the best fixed γ differs between a category's prompts, the adaptive
+    mode should beat the category's best one: a verdict against 1.0 on its interval.
+    Sampled, a prompt's best γ is partly its luckiest text: take it with samples."""
+    differ = {c: v for c, v in cats.items() if len(v["best_per_prompt"]) > 1}
+    if not any(v["best_per_prompt"] for v in cats.values()):
+        return f"{adaptive}: no prompts kept with the runs (an older bench), so no best γ per prompt"
+    if not differ:
+        return f"{adaptive}: one fixed γ was best on every prompt of every category"
+    verdicts = [verdict(v["interval"], 1.0) for v in differ.values()]
+    return (f"{adaptive} where the best fixed γ differs between prompts: better in "
+            f"{sum(v['ratio'] > 1.0 for v in differ.values())}/{len(differ)} (interval: met "
+            f"{verdicts.count('met')}, undecided {verdicts.count('undecided')}, missed {verdicts.count('missed')}); "
+            + ", ".join(f"{c} {v['ratio']:.2f} (best per prompt: " +
+                        " ".join(f"{m.removesuffix('/fixed')}×{n}" for m, n in v["best_per_prompt"].items()) + ")"
+                        for c, v in differ.items()))
 
 
 def format_table(table: dict, modes: list[str]) -> str:
@@ -352,6 +396,7 @@ def main(args) -> int:
                       f"{verdicts.count('undecided')}, missed {verdicts.count('missed')}); " + ", ".join(
                           f"{c} {v['ratio']:.2f} [{v['interval'][1]:.2f}, {v['interval'][2]:.2f}]"
                           for c, v in h.items()))
+                print(differing_line(adaptive, cats))
         costs = {m: v["draft_cost"] for m, v in table["ALL"].items() if v.get("draft_cost") is not None
                  and not m.startswith("ngram")}
         if costs:

@@ -4,7 +4,7 @@ with an interval over prompts."""
 import math
 import random
 
-from bench.engine import hindsight
+from bench.engine import differing_line, hindsight
 from bench.specbench.intervals import verdict
 
 FIXED = ("ngram:1/fixed", "ngram:2/fixed")
@@ -75,3 +75,25 @@ def test_runs_without_prompts_keep_a_point_and_no_interval():
             del r["prompt"]
     point, low, high = hindsight(_table(runs), runs, "0.7", "ngram", "ngram:8")["writing"]["interval"]
     assert math.isfinite(point) and math.isnan(low) and math.isnan(high)
+
+
+def test_where_the_best_fixed_gamma_differs_between_prompts_the_adaptive_mode_must_beat_the_best_one():
+    # γ=1 wins on copy-poor prompts, γ=2 on copy-rich ones; the adaptive mode matches the winner on each
+    poor, rich = [40.0] * 4, [40.0] * 4
+    runs = _runs({"plain": poor + rich, FIXED[0]: [48.0] * 4 + [44.0] * 4, FIXED[1]: [42.0] * 4 + [52.0] * 4,
+                  "ngram:8": [48.0] * 4 + [52.0] * 4}, samples=2)
+    h = hindsight(_table(runs), runs, "0.7", "ngram", "ngram:8")
+    assert h["writing"]["best_per_prompt"] == {FIXED[0]: 4, FIXED[1]: 4}
+    assert h["writing"]["ratio"] > 1.0 and h["writing"]["interval"][1] > 1.0
+    line = differing_line("ngram:8", h)
+    assert "better in 1/1" in line and "met 1" in line and "ngram:1×4 ngram:2×4" in line
+    # one γ best everywhere: nothing to beat
+    same = _runs({"plain": [40.0] * 4, FIXED[0]: [48.0] * 4, FIXED[1]: [44.0] * 4, "ngram:8": [47.0] * 4})
+    h = hindsight(_table(same), same, "0.7", "ngram", "ngram:8")
+    assert h["writing"]["best_per_prompt"] == {FIXED[0]: 4}
+    assert "one fixed γ was best" in differing_line("ngram:8", h)
+    for rs in same.values():
+        for r in rs:
+            del r["prompt"]
+    h = hindsight(_table(same), same, "0.7", "ngram", "ngram:8")
+    assert h["writing"]["best_per_prompt"] == {} and "no prompts kept" in differing_line("ngram:8", h)
