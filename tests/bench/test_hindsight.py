@@ -4,7 +4,7 @@ with an interval over prompts."""
 import math
 import random
 
-from bench.engine import differing_line, hindsight
+from bench.hindsight import differing_line, hindsight
 from bench.specbench.intervals import verdict
 
 FIXED = ("ngram:1/fixed", "ngram:2/fixed")

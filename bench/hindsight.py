@@ -1,0 +1,100 @@
+"""bench-engine's hindsight: the adaptive mode against the draft's best fixed γ
+per category, with a 95% interval from a bootstrap over prompts, and where the
+best fixed γ differs between a category's prompts."""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+
+from bench.specbench.intervals import BOOTSTRAP, percentile_interval, verdict
+
+
+def hindsight(table: dict, runs: dict, temp: str, draft: str, adaptive: str) -> dict:
+    """Per category (and ALL): the draft's best fixed γ in hindsight against its
+    adaptive mode, with `interval` [point, low, high] over prompts, and how many
+    prompts each fixed γ was best on (`best_per_prompt`: where the best γ differs
+    between prompts, no fixed γ serves them all, and the adaptive mode should beat
+    the best of them)."""
+    out = {}
+    for cat, row in table.items():
+        fixed = {m: v["vs_plain"] for m, v in row.items() if m.startswith(draft + ":") and m.endswith("/fixed")}
+        if not fixed or adaptive not in row:
+            continue
+        best = max(fixed, key=fixed.get)
+        ratio = row[adaptive]["vs_plain"] / fixed[best]
+        per = _per_prompt(runs, temp, cat, [*fixed, adaptive])
+        out[cat] = dict(best_fixed=best, best_fixed_x=fixed[best], adaptive_x=row[adaptive]["vs_plain"],
+                        ratio=ratio, interval=_hindsight_interval(per, list(fixed), adaptive, ratio),
+                        best_per_prompt=_best_per_prompt(per, list(fixed)))
+    return out
+
+
+def _per_prompt(runs: dict, temp: str, cat: str, modes: list[str]) -> dict | None:
+    """(category, prompt) -> mode -> [tokens, seconds] over its samples; None for
+    runs of an older bench, which kept no prompt to pair them by."""
+    per: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
+    for key, rs in runs.items():
+        t, c, mode = key.split("|")
+        if t != temp or (cat != "ALL" and c != cat) or mode not in modes:
+            continue
+        for r in rs:
+            if "prompt" not in r:
+                return None
+            acc = per[(c, r["prompt"])][mode]
+            acc[0] += r["tokens"]
+            acc[1] += r["seconds"]
+    return per
+
+
+def _best_per_prompt(per: dict | None, fixed: list[str]) -> dict[str, int]:
+    """How many prompts each fixed mode was the fastest on (over its samples)."""
+    wins: dict[str, int] = defaultdict(int)
+    for modes in (per or {}).values():
+        rates = {m: tok / sec for m, (tok, sec) in modes.items() if m in fixed and sec > 0}
+        if rates:
+            wins[max(rates, key=rates.get)] += 1
+    return dict(sorted(wins.items()))
+
+
+def _hindsight_interval(per: dict | None, fixed: list[str], adaptive: str,
+                        point: float, b: int = BOOTSTRAP, seed: int = 0) -> list[float]:
+    """[point, low, high]: 2.5th and 97.5th percentiles of the adaptive mode's rate over
+    the best fixed mode's, prompts resampled within each category."""
+    if per is None:
+        return [round(point, 4), float("nan"), float("nan")]
+    strata: dict[str, list[dict]] = defaultdict(list)
+    for (c, _), modes in per.items():
+        strata[c].append(modes)
+    rng, draws = random.Random(seed), []
+    for _ in range(b):
+        total: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        for prompts in strata.values():
+            for _ in prompts:
+                for mode, (tok, sec) in rng.choice(prompts).items():
+                    total[mode][0] += tok
+                    total[mode][1] += sec
+        rate = {m: tok / sec for m, (tok, sec) in total.items() if sec > 0}
+        if adaptive in rate and any(m in rate for m in fixed):
+            draws.append(rate[adaptive] / max(rate[m] for m in fixed if m in rate))
+    if len(draws) < 2:
+        return [round(point, 4), float("nan"), float("nan")]
+    return percentile_interval(point, draws)
+
+
+def differing_line(adaptive: str, cats: dict) -> str:
+    """Where the best fixed γ differs between a category's prompts, the adaptive
+    mode should beat the category's best one: a verdict against 1.0 on its interval.
+    Sampled, a prompt's best γ is partly its luckiest text: take it with samples."""
+    differ = {c: v for c, v in cats.items() if len(v["best_per_prompt"]) > 1}
+    if not any(v["best_per_prompt"] for v in cats.values()):
+        return f"{adaptive}: no prompts kept with the runs (an older bench), so no best γ per prompt"
+    if not differ:
+        return f"{adaptive}: one fixed γ was best on every prompt of every category"
+    verdicts = [verdict(v["interval"], 1.0) for v in differ.values()]
+    return (f"{adaptive} where the best fixed γ differs between prompts: better in "
+            f"{sum(v['ratio'] > 1.0 for v in differ.values())}/{len(differ)} (interval: met "
+            f"{verdicts.count('met')}, undecided {verdicts.count('undecided')}, missed {verdicts.count('missed')}); "
+            + ", ".join(f"{c} {v['ratio']:.2f} (best per prompt: " +
+                        " ".join(f"{m.removesuffix('/fixed')}×{n}" for m, n in v["best_per_prompt"].items()) + ")"
+                        for c, v in differ.items()))
