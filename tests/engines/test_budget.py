@@ -384,5 +384,3 @@ def test_a_copy_that_rarely_starts_but_holds_keeps_its_later_tokens():
     assert bias.ratio(later=True) == pytest.approx(1.0, abs=0.2)
     first, second, _ = budget.survival(bias.apply(est))
     assert second / first == pytest.approx(0.6, abs=0.12)  # one ratio for all gave 0.6 x the first's
-
-

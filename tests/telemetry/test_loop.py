@@ -103,7 +103,7 @@ def test_judgements_against_one_live_model_are_counted_and_a_promotion_starts_af
     restarted.rows.extend(retrainer.rows)
     restarted.retrain()  # the untested judgement gave its number back
     assert (restarted.decisions[-1]["attempt"], restarted.decisions[-1]["tested"]) == (4, True)
-    # another live model (a rollback, another retrainer's promotion): its judgements count from one
+    # a live model never judged against (here another retrainer's promotion): its judgements count from one
     publish(client, dataclasses.replace(prior_model(), version="v-other"), KEY)
     retrainer.maybe_retrain(force=True)
     assert (retrainer.decisions[-1]["live"], retrainer.decisions[-1]["attempt"]) == ("v-other", 1)
