@@ -15,7 +15,8 @@ def hindsight(table: dict, runs: dict, temp: str, draft: str, adaptive: str) -> 
     adaptive mode, with `interval` [point, low, high] over prompts, and how many
     prompts each fixed γ was best on (`best_per_prompt`: where the best γ differs
     between prompts, no fixed γ serves them all, and the adaptive mode should beat
-    the best of them)."""
+    the best of them), and what choosing the fixed γ per prompt would give over the
+    category's best one (`per_prompt_x`: the room a per-prompt choice has there)."""
     out = {}
     for cat, row in table.items():
         fixed = {m: v["vs_plain"] for m, v in row.items() if m.startswith(draft + ":") and m.endswith("/fixed")}
@@ -26,7 +27,8 @@ def hindsight(table: dict, runs: dict, temp: str, draft: str, adaptive: str) -> 
         per = _per_prompt(runs, temp, cat, [*fixed, adaptive])
         out[cat] = dict(best_fixed=best, best_fixed_x=fixed[best], adaptive_x=row[adaptive]["vs_plain"],
                         ratio=ratio, interval=_hindsight_interval(per, list(fixed), adaptive, ratio),
-                        best_per_prompt=_best_per_prompt(per, list(fixed)))
+                        best_per_prompt=_best_per_prompt(per, list(fixed)),
+                        per_prompt_x=_per_prompt_x(per, list(fixed), best))
     return out
 
 
@@ -57,6 +59,21 @@ def _best_per_prompt(per: dict | None, fixed: list[str]) -> dict[str, int]:
     return dict(sorted(wins.items()))
 
 
+def _per_prompt_x(per: dict | None, fixed: list[str], best: str) -> float:
+    """Each prompt at its own fastest fixed mode, over every prompt at `best` (NaN without prompts)."""
+    chosen, at_best = [0.0, 0.0], [0.0, 0.0]
+    for modes in (per or {}).values():
+        rates = {m: tok / sec for m, (tok, sec) in modes.items() if m in fixed and sec > 0}
+        if best not in rates:
+            continue
+        for acc, m in ((chosen, max(rates, key=rates.get)), (at_best, best)):
+            acc[0] += modes[m][0]
+            acc[1] += modes[m][1]
+    if not at_best[1]:
+        return float("nan")
+    return round((chosen[0] / chosen[1]) / (at_best[0] / at_best[1]), 4)
+
+
 def _hindsight_interval(per: dict | None, fixed: list[str], adaptive: str,
                         point: float, b: int = BOOTSTRAP, seed: int = 0) -> list[float]:
     """[point, low, high]: 2.5th and 97.5th percentiles of the adaptive mode's rate over
@@ -84,8 +101,10 @@ def _hindsight_interval(per: dict | None, fixed: list[str], adaptive: str,
 
 def differing_line(adaptive: str, cats: dict) -> str:
     """Where the best fixed γ differs between a category's prompts, the adaptive
-    mode should beat the category's best one: a verdict against 1.0 on its interval.
-    Sampled, a prompt's best γ is partly its luckiest text: take it with samples."""
+    mode should beat the category's best one: a verdict against 1.0 on its interval,
+    beside what each prompt at its own best fixed γ gives (how much room there is
+    to beat it; a few percent is within a few prompts' noise). Sampled, a prompt's
+    best γ is partly its luckiest text: take it with samples."""
     differ = {c: v for c, v in cats.items() if len(v["best_per_prompt"]) > 1}
     if not any(v["best_per_prompt"] for v in cats.values()):
         return f"{adaptive}: no prompts kept with the runs (an older bench), so no best γ per prompt"
@@ -96,5 +115,5 @@ def differing_line(adaptive: str, cats: dict) -> str:
             f"{sum(v['ratio'] > 1.0 for v in differ.values())}/{len(differ)} (interval: met "
             f"{verdicts.count('met')}, undecided {verdicts.count('undecided')}, missed {verdicts.count('missed')}); "
             + ", ".join(f"{c} {v['ratio']:.2f} (best per prompt: " +
-                        " ".join(f"{m.removesuffix('/fixed')}×{n}" for m, n in v["best_per_prompt"].items()) + ")"
-                        for c, v in differ.items()))
+                        " ".join(f"{m.removesuffix('/fixed')}×{n}" for m, n in v["best_per_prompt"].items()) +
+                        f"; each at its own {v['per_prompt_x']:.3f}x)" for c, v in differ.items()))

@@ -85,15 +85,20 @@ def test_where_the_best_fixed_gamma_differs_between_prompts_the_adaptive_mode_mu
     h = hindsight(_table(runs), runs, "0.7", "ngram", "ngram:8")
     assert h["writing"]["best_per_prompt"] == {FIXED[0]: 4, FIXED[1]: 4}
     assert h["writing"]["ratio"] > 1.0 and h["writing"]["interval"][1] > 1.0
+    # each prompt at its own best (48 and 52 tok/s) over all at γ=2 (42 and 52), by total time
+    at_own, at_best = 800 / (400 / 48 + 400 / 52), 800 / (400 / 42 + 400 / 52)
+    assert h["writing"]["per_prompt_x"] == round(at_own / at_best, 4)
     line = differing_line("ngram:8", h)
     assert "better in 1/1" in line and "met 1" in line and "ngram:1×4 ngram:2×4" in line
+    assert f"each at its own {at_own / at_best:.3f}x" in line
     # one γ best everywhere: nothing to beat
     same = _runs({"plain": [40.0] * 4, FIXED[0]: [48.0] * 4, FIXED[1]: [44.0] * 4, "ngram:8": [47.0] * 4})
     h = hindsight(_table(same), same, "0.7", "ngram", "ngram:8")
-    assert h["writing"]["best_per_prompt"] == {FIXED[0]: 4}
+    assert h["writing"]["best_per_prompt"] == {FIXED[0]: 4} and h["writing"]["per_prompt_x"] == 1.0
     assert "one fixed γ was best" in differing_line("ngram:8", h)
     for rs in same.values():
         for r in rs:
             del r["prompt"]
     h = hindsight(_table(same), same, "0.7", "ngram", "ngram:8")
     assert h["writing"]["best_per_prompt"] == {} and "no prompts kept" in differing_line("ngram:8", h)
+    assert math.isnan(h["writing"]["per_prompt_x"])
