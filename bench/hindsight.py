@@ -49,13 +49,18 @@ def _per_prompt(runs: dict, temp: str, cat: str, modes: list[str]) -> dict | Non
     return per
 
 
+def _fastest(modes: dict[str, list[float]], fixed: list[str]) -> str | None:
+    """One prompt's fastest fixed mode over its samples (None: it ran none)."""
+    rates = {m: tok / sec for m, (tok, sec) in modes.items() if m in fixed and sec > 0}
+    return max(rates, key=rates.get) if rates else None
+
+
 def _best_per_prompt(per: dict | None, fixed: list[str]) -> dict[str, int]:
     """How many prompts each fixed mode was the fastest on (over its samples)."""
     wins: dict[str, int] = defaultdict(int)
     for modes in (per or {}).values():
-        rates = {m: tok / sec for m, (tok, sec) in modes.items() if m in fixed and sec > 0}
-        if rates:
-            wins[max(rates, key=rates.get)] += 1
+        if (m := _fastest(modes, fixed)) is not None:
+            wins[m] += 1
     return dict(sorted(wins.items()))
 
 
@@ -63,10 +68,9 @@ def _per_prompt_x(per: dict | None, fixed: list[str], best: str) -> float:
     """Each prompt at its own fastest fixed mode, over every prompt at `best` (NaN without prompts)."""
     chosen, at_best = [0.0, 0.0], [0.0, 0.0]
     for modes in (per or {}).values():
-        rates = {m: tok / sec for m, (tok, sec) in modes.items() if m in fixed and sec > 0}
-        if best not in rates:
+        if modes.get(best, (0, 0))[1] <= 0:
             continue
-        for acc, m in ((chosen, max(rates, key=rates.get)), (at_best, best)):
+        for acc, m in ((chosen, _fastest(modes, fixed)), (at_best, best)):
             acc[0] += modes[m][0]
             acc[1] += modes[m][1]
     if not at_best[1]:
