@@ -166,6 +166,14 @@ class KVCache:
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() * 2
 
+    def row(self, b: int) -> KVCache:
+        """Row b as a one-row cache sharing this one's keys and values (what
+        forward_many takes); its length is its own copy: set lengths[b] after use."""
+        view = KVCache.__new__(KVCache)
+        view.k, view.v = self.k[:, b:b + 1], self.v[:, b:b + 1]
+        view.capacity, view.lengths = self.capacity, [self.lengths[b]]
+        return view
+
 
 class LlamaModel:
     """A decoder over `weights`, optionally running only `layer_ids` (self-speculation:
@@ -246,21 +254,8 @@ class LlamaModel:
         ids = items[0][0] if one else torch.cat([it[0] for it in items])  # [N]
         cos = coss[0] if one else torch.cat(coss)  # [N, D]
         sin = sins[0] if one else torch.cat(sins)
-        N = ids.shape[0]
 
-        x = ids if ids.is_floating_point() else F.embedding(ids, self.weights.embed)  # [N, E]
-        eps = cfg.rms_norm_eps
-        last = len(self.layer_ids) - 1
-        capture = () if hidden is True or hidden is False else tuple(last if i == -1 else i for i in hidden)
-        captured: dict[int, torch.Tensor] = {}
-        for slot, layer_id in enumerate(self.layer_ids):
-            lw = self.weights.layers[layer_id]
-            h = F.rms_norm(x, (cfg.hidden_size,), lw.attn_norm, eps)
-            qkv = linear(h, lw.qkv, lw.qkv_bias)  # [N, (H + 2 Hk) D]
-            q, k, v = qkv.split([H * D, Hk * D, Hk * D], dim=-1)
-            q = _apply_rope(q.view(N, H, D), cos, sin)  # [N, H, D]
-            k = _apply_rope(k.view(N, Hk, D), cos, sin)  # [N, Hk, D]
-            v = v.view(N, Hk, D)
+        def attention(slot: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             outs, off = [], 0
             for T, start, end, mask, cache in spans:
                 k_cache = cache.k[slot, 0]  # [Hk, S_max, D]
@@ -286,13 +281,10 @@ class LlamaModel:
                         a = F.scaled_dot_product_attention(qg, k_cache[:, :end], v_cache[:, :end], attn_mask=mask)
                     outs.append(a.view(Hk, G, T, D).permute(2, 0, 1, 3).reshape(T, H * D))
                 off += T
-            attn = outs[0] if one else torch.cat(outs)  # [N, H D]
-            x = x + linear(attn, lw.o)
-            h = F.rms_norm(x, (cfg.hidden_size,), lw.mlp_norm, eps)
-            gate, up = linear(h, lw.gate_up).chunk(2, dim=-1)  # [N, I] each
-            x = x + linear(F.silu(gate) * up, lw.down)
-            if slot in capture:
-                captured[slot] = x
+            return outs[0] if one else torch.cat(outs)  # [N, H D]
+
+        x = ids if ids.is_floating_point() else F.embedding(ids, self.weights.embed)  # [N, E]
+        x, captured = self._stack(x, cos, sin, attention, hidden)
         for _, _, end, _, cache in spans:
             cache.lengths[0] = end
         # the head only where logits are wanted
@@ -303,13 +295,76 @@ class LlamaModel:
             off += T
         sel = torch.cat(rows).to(self.device) if not (one and items[0][2]) else None
         xs = x if sel is None else x[sel]
-        xs = F.rms_norm(xs, (cfg.hidden_size,), self.weights.norm, eps)
+        xs = F.rms_norm(xs, (cfg.hidden_size,), self.weights.norm, cfg.rms_norm_eps)
         logits = linear(xs, self.weights.lm_head).float()  # [sum sizes, V]
         logits = list(logits.split(sizes)) if not one else [logits]
         if hidden is False:
             return logits
-        states = x if not capture else torch.cat([captured[i] for i in capture], dim=-1)
-        return logits, list(states.split([t for t, *_ in spans]))
+        return logits, list(captured.split([t for t, *_ in spans]))
+
+    def _stack(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention,
+               hidden: bool | tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The decoder layers over N positions: x [N, E] -> [N, E]. `attention(slot,
+        q [N, H, D], k [N, Hk, D], v [N, Hk, D])` stores the keys and values in its
+        caller's cache and returns [N, H D]. Also returns what `hidden` asks for
+        (forward_many's docstring), else None."""
+        cfg = self.cfg
+        H, Hk, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        N = x.shape[0]
+        eps = cfg.rms_norm_eps
+        last = len(self.layer_ids) - 1
+        capture = () if hidden is True or hidden is False else tuple(last if i == -1 else i for i in hidden)
+        captured: dict[int, torch.Tensor] = {}
+        for slot, layer_id in enumerate(self.layer_ids):
+            lw = self.weights.layers[layer_id]
+            h = F.rms_norm(x, (cfg.hidden_size,), lw.attn_norm, eps)
+            qkv = linear(h, lw.qkv, lw.qkv_bias)  # [N, (H + 2 Hk) D]
+            q, k, v = qkv.split([H * D, Hk * D, Hk * D], dim=-1)
+            q = _apply_rope(q.view(N, H, D), cos, sin)  # [N, H, D]
+            k = _apply_rope(k.view(N, Hk, D), cos, sin)  # [N, Hk, D]
+            x = x + linear(attention(slot, q, k, v.view(N, Hk, D)), lw.o)
+            h = F.rms_norm(x, (cfg.hidden_size,), lw.mlp_norm, eps)
+            gate, up = linear(h, lw.gate_up).chunk(2, dim=-1)  # [N, I] each
+            x = x + linear(F.silu(gate) * up, lw.down)
+            if slot in capture:
+                captured[slot] = x
+        if hidden is False:
+            return x, None
+        return x, (x if not capture else torch.cat([captured[i] for i in capture], dim=-1))
+
+    @torch.inference_mode()
+    def decode_padded(self, ids: torch.Tensor, cache: KVCache, hidden: bool | tuple[int, ...] = False):
+        """One decode step for B rows of one padded cache (batch B), row b at its
+        own position cache.lengths[b]: ids [B] -> logits [B, V] (and states [B, ·]
+        with `hidden`, as forward_many). Attention runs once over the batch with a
+        mask for each row's length: on a GPU that is a few kernels a layer where
+        forward_many launches several per row; on a CPU the padding costs more than
+        the launches, so the engine keeps forward_many there."""
+        cfg = self.cfg
+        H, Hk, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        G = H // Hk
+        B = ids.shape[0]
+        pos = torch.tensor(cache.lengths, device=self.device)  # [B]
+        end = max(cache.lengths) + 1
+        if end > cache.capacity:
+            raise ValueError(f"KV cache full: {end} positions > capacity {cache.capacity}")
+        rows = torch.arange(B, device=self.device)
+        mask = (torch.arange(end, device=self.device)[None, :] <= pos[:, None])[:, None, None, :]  # [B, 1, 1, S]
+        cos, sin = self._rope(pos)  # [B, D]
+
+        def attention(slot: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            k_cache, v_cache = cache.k[slot], cache.v[slot]  # [B, Hk, S_max, D]
+            k_cache[rows, :, pos] = k
+            v_cache[rows, :, pos] = v
+            qg = q.view(B, Hk, G, D)  # query head h uses kv head h // G: G queries per kv head
+            a = F.scaled_dot_product_attention(qg, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=mask)
+            return a.reshape(B, H * D)
+
+        x, states = self._stack(F.embedding(ids, self.weights.embed), cos, sin, attention, hidden)
+        cache.lengths = [n + 1 for n in cache.lengths]
+        logits = linear(F.rms_norm(x, (cfg.hidden_size,), self.weights.norm, cfg.rms_norm_eps),
+                        self.weights.lm_head).float()  # [B, V]
+        return logits if hidden is False else (logits, states)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, T: int) -> torch.Tensor:

@@ -90,3 +90,29 @@ def test_cpu_attention_keeps_its_inputs_dtype_float64_and_bfloat16_alike():
     low = attend(q.bfloat16(), k.bfloat16(), v.bfloat16(), 2)
     assert low.dtype == torch.bfloat16
     torch.testing.assert_close(low.double(), exact, rtol=0.05, atol=0.05)
+
+
+def test_padded_decode_of_rows_at_different_lengths_matches_each_row_alone():
+    """decode_padded steps rows of one padded cache, each at its own length (the
+    distillation data's path on a GPU): logits and the layer states it returns
+    equal what each row's own forward gives, and each row's keys land in its own place."""
+    lean = lean_from_hf(tiny_hf_model(layers=3))
+    prompts = [torch.randint(0, 30, (n,)) for n in (5, 9, 2)]
+    nxt = [torch.randint(0, 30, (3,)) for _ in prompts]
+    layers = (1, -1)
+    ref = []
+    for p, t in zip(prompts, nxt):
+        cache = lean.new_cache(16)
+        lean.forward(p, cache)
+        ref.append([lean.forward_many([(t[i:i + 1], cache, True)], hidden=layers) for i in range(3)])
+    padded = lean.new_cache(16, batch=3)
+    for b, p in enumerate(prompts):  # prefill each row through its own view
+        lean.forward(p, padded.row(b))
+        padded.lengths[b] = p.shape[0]
+    for i in range(3):
+        logits, states = lean.decode_padded(torch.stack([t[i] for t in nxt]), padded, hidden=layers)
+        for b in range(3):
+            want_logits, want_states = ref[b][i]
+            torch.testing.assert_close(logits[b], want_logits[0][0], rtol=1e-9, atol=1e-9)
+            torch.testing.assert_close(states[b], want_states[0][0], rtol=1e-9, atol=1e-9)
+    assert padded.lengths == [8, 12, 5]
