@@ -24,6 +24,11 @@ def add_arguments(p) -> None:
                                  "for the default target, else ./eagle-draft)")
     p.add_argument("--work-dir", help="data and checkpoints (default: <cache>/distill/<target>)")
     p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps (default: %(default)s)")
+    p.add_argument("--batch", type=int, default=d.batch, help="sequences per optimizer step (default: %(default)s)")
+    p.add_argument("--train-minutes", type=float, default=None,
+                   help="stop training after this long even if steps remain (default: none)")
+    p.add_argument("--gen-batch", type=int, default=d.gen_batch,
+                   help="answers generated together; on a GPU, the rows of one padded batch (default: %(default)s)")
     p.add_argument("--prompts", type=int, default=d.prompts,
                    help="prompts answered: the dev split's and the templates once, then templates again "
                         "(sampled answers differ); 0 = each once (default: %(default)s)")
@@ -56,7 +61,8 @@ def main(args) -> int:
     out = Path(args.out) if args.out else (SHIPPED if t.path is None else Path("eagle-draft"))
     work = Path(args.work_dir) if args.work_dir else cache / "distill" / Path(target.source).name
     s = Settings(Path(args.data), out, work, prompts=args.prompts, held_out=args.held_out, max_new=args.max_new,
-                 vocab=args.vocab, steps=args.steps, seed=args.seed)
+                 vocab=args.vocab, steps=args.steps, batch=args.batch, gen_batch=args.gen_batch,
+                 train_minutes=args.train_minutes, seed=args.seed)
     try:
         card = run(s, target)
     except KeyboardInterrupt:

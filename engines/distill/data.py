@@ -1,8 +1,10 @@
 """The target writes its draft's training data: it answers prompts (greedy and
 sampled), and every position of prompt and answer keeps the target's final
-hidden state, the feature an EAGLE-style draft reads. Batched like serving:
-one target forward per step over every sequence, finished ones replaced at
-once by the next prompt.
+hidden state, the feature an EAGLE-style draft reads. On a CPU batched like
+serving: one ragged target forward per step over every sequence, finished ones
+replaced at once by the next prompt. On a GPU in padded batches of prompts of
+similar length, one masked attention a layer for the whole batch
+(LlamaModel.decode_padded): the ragged forward's launches per row would bound it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 from engines.api import SamplingParams
 from engines.decode import sample_token, settle
 from engines.llama import LlamaModel
+from engines.sampling import logits_to_probs
 
 
 @dataclass
@@ -50,6 +53,8 @@ def generate(model: LlamaModel, prompts: list[tuple[str, list[int], float]], max
     """prompts: (category, prompt token ids, temperature); `layers`: whose states
     to keep (-1: the final one). Returns one Sample per prompt, in order.
     `on_done(done, answer_tokens)` reports progress."""
+    if model.device.type != "cpu":
+        return generate_padded(model, prompts, max_new, eos_ids, seed, layers, batch, on_done)
     out: list[Sample | None] = [None] * len(prompts)
     todo = list(range(len(prompts)))[::-1]
     rows: list[_Row] = []
@@ -98,6 +103,72 @@ def generate(model: LlamaModel, prompts: list[tuple[str, list[int], float]], max
         rows = keep
         admit()
     return [s for s in out if s is not None]
+
+
+PREFILL_ROWS = 16  # prompts per prefill forward: their matmuls run once for all of them
+
+
+def generate_padded(model: LlamaModel, prompts: list[tuple[str, list[int], float]], max_new: int,
+                    eos_ids: frozenset[int], seed: int, layers: tuple[int, ...] = (-1,), batch: int = 256,
+                    on_done: Callable[[int, int], None] | None = None) -> list[Sample]:
+    """generate() for a GPU: the prompts by length in batches of `batch`, each
+    prefilled row by row into one padded cache, then stepped together until every
+    row has ended. Samples from the same distributions as generate() (not the
+    same draws: one generator per batch)."""
+    out: list[Sample | None] = [None] * len(prompts)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i][1]))
+    done = 0
+    for first in range(0, len(order), batch):
+        idx = order[first:first + batch]
+        B = len(idx)
+        g = torch.Generator(device=model.device).manual_seed(seed * 1_000_003 + first)
+        cache = model.new_cache(max(len(prompts[i][1]) for i in idx) + max_new + 1, batch=B)
+        temps = [prompts[i][2] for i in idx]
+        ids = [list(prompts[i][1]) for i in idx]
+        states: list[list[torch.Tensor]] = [[] for _ in idx]
+        last = torch.empty(B, model.cfg.vocab_size, device=model.device)  # each row's next-token logits
+        for a in range(0, B, PREFILL_ROWS):  # prefill: rows through their own views of the cache
+            part = range(a, min(a + PREFILL_ROWS, B))
+            views = [cache.row(b) for b in part]
+            lg, st = model.forward_many([(torch.tensor(ids[b], device=model.device), v, False)
+                                         for b, v in zip(part, views)], hidden=layers)
+            for b, v, row_logits, row_states in zip(part, views, lg, st):
+                cache.lengths[b] = v.lengths[0]
+                last[b] = row_logits[0]
+                states[b].append(row_states.to(torch.bfloat16).cpu())
+        live = [True] * B
+        step_states = []
+        for produced in range(max_new):
+            tokens = _sample_rows(last, temps, g).tolist()
+            for b in range(B):
+                if live[b]:
+                    ids[b].append(tokens[b])
+                    if tokens[b] in eos_ids or produced + 1 >= max_new:
+                        live[b] = False
+            if not any(live):
+                break
+            last, st = model.decode_padded(torch.tensor(tokens, device=model.device), cache, hidden=layers)
+            step_states.append(st.to(torch.bfloat16))
+        steps = torch.stack(step_states, dim=1).cpu() if step_states else None  # [B, steps, F]
+        for b, i in enumerate(idx):
+            cat, prompt, temp = prompts[i]
+            n = len(ids[b]) - 1  # positions with a state: every one but the last token's
+            row = torch.cat(states[b] + ([steps[b]] if steps is not None else []))[:n]
+            out[i] = Sample(torch.tensor(ids[b]), row, len(prompt), cat, temp)
+            done += 1
+            if on_done is not None:
+                on_done(done, len(ids[b]) - len(prompt))
+    return [s for s in out if s is not None]
+
+
+def _sample_rows(logits: torch.Tensor, temps: list[float], g: torch.Generator) -> torch.Tensor:
+    """logits [B, V] -> one token per row [B], each at its own temperature."""
+    out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
+    for t in sorted(set(temps)):
+        rows = torch.tensor([b for b, x in enumerate(temps) if x == t], device=logits.device)
+        probs = logits_to_probs(logits[rows], SamplingParams(max_tokens=1, temperature=t))
+        out[rows] = probs.argmax(-1) if t == 0 else torch.multinomial(probs, 1, generator=g)[:, 0]
+    return out
 
 
 class Progress:

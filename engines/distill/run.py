@@ -40,6 +40,7 @@ class Settings:
     feature_layers: tuple[int, ...] = (2, 15, -1)
     steps: int = 1100
     batch: int = 8
+    train_minutes: float | None = None  # stop training there if the steps take longer
     seq_len: int = 256
     lr: float = 6e-4
     tts_steps: int = 3
@@ -68,8 +69,15 @@ def prompt_set(s: Settings, tokenizer) -> tuple[list, list, dict]:
         pool += [p for p in templates]
     pool = pool[: s.prompts or len(pool)]
     rng.shuffle(pool)
-    temps = s.temperatures
-    train_prompts = [(c, encode(tokenizer, t), temps[i % len(temps)]) for i, (c, t) in enumerate(pool)]
+    temps, sampled = s.temperatures, [t for t in s.temperatures if t > 0]
+    answered: set = set()
+
+    def temperature(i: int, p: tuple[str, str]) -> float:  # a greedy answer twice would be the same answer
+        t = temps[i % len(temps)] if p not in answered else sampled[i % len(sampled)]
+        answered.add(p)
+        return t
+
+    train_prompts = [(c, encode(tokenizer, t), temperature(i, (c, t))) for i, (c, t) in enumerate(pool)]
     valid_prompts = [(c, encode(tokenizer, t), 0.0) for c, t in valid_dev]
     dev = set(train_dev)
     info = dict(dev_prompts=sum(1 for p in pool if p in dev), template_prompts=sum(1 for p in pool if p not in dev),
@@ -157,6 +165,16 @@ def validate(head: EagleHead, valid: list, target: LoadedModel, s: Settings, art
     return out
 
 
+def command(s: Settings, device: str) -> str:
+    """The `specgate distill` command line that makes this draft again."""
+    flags = {"--prompts": "prompts", "--max-new": "max_new", "--vocab": "vocab", "--held-out": "held_out",
+             "--steps": "steps", "--batch": "batch", "--gen-batch": "gen_batch", "--train-minutes": "train_minutes",
+             "--seed": "seed"}
+    out = ["specgate distill"] + ([f"--device {device.split(':')[0]}"] if device != "cpu" else [])
+    out += [f"{f} {getattr(s, a)}" for f, a in flags.items() if getattr(s, a) != getattr(Settings, a)]
+    return " ".join(out)
+
+
 def run(s: Settings, target: LoadedModel) -> dict:
     from engines.proposers.eagle import save_draft
 
@@ -174,9 +192,10 @@ def run(s: Settings, target: LoadedModel) -> dict:
     answers = [t for v in valid for t in v.tokens[v.prompt_len:].tolist()]
     covered = float(torch.isin(torch.tensor(answers), ids).float().mean()) if answers else 0.0
     log(f"vocabulary: {ids.numel()} tokens cover {covered:.3f} of the held-out answers' tokens")
-    head = EagleHead(target.model.weights, target.model.cfg, ids, s.feature_layers)
+    head = EagleHead(target.model.weights, target.model.cfg, ids, s.feature_layers).to(target.model.device)
     stats = train.train(head, samples, steps=s.steps, seq_len=s.seq_len, batch=s.batch, lr=s.lr, seed=s.seed,
-                        checkpoint=s.work / "checkpoint.pt", log=log, tts_steps=s.tts_steps)
+                        checkpoint=s.work / "checkpoint.pt", log=log, tts_steps=s.tts_steps,
+                        time_budget_s=s.train_minutes * 60 if s.train_minutes else None)
     card = {
         "target": Path(target.source).name, "target_fingerprint": print_,
         "architecture": {"kind": "eagle", "decoder_layers": 1, "feature_layers": list(s.feature_layers),
@@ -189,8 +208,7 @@ def run(s: Settings, target: LoadedModel) -> dict:
         "training": {"steps": stats["steps"], "batch": s.batch, "seq_len": s.seq_len, "lr": s.lr, "seed": s.seed,
                      "training_time_test_steps": s.tts_steps, "train_s": stats["train_s"],
                      "positions_seen": stats["positions_seen"]},
-        "command": "specgate distill" + ("" if s.prompts == Settings.prompts else f" --prompts {s.prompts}")
-                   + ("" if s.steps == Settings.steps else f" --steps {s.steps}"),
+        "command": command(s, str(target.model.device)),
         "created": time.strftime("%Y-%m-%d"),
     }
     save_draft(s.out, head.export(), ids, card)

@@ -53,11 +53,13 @@ def collate(batch: list[Chunk], n: int) -> tuple[torch.Tensor, torch.Tensor, tor
 
 def step_losses(head: EagleHead, tokens, states, lengths, steps: int) -> tuple[torch.Tensor, list[float]]:
     """Weighted loss and, per step, the share of positions whose argmax matches the target's."""
+    device = head.fc.device  # batches are collated on the host
+    tokens, states, lengths = tokens.to(device), states.to(device), lengths.to(device)
     n = states.shape[1]
     outs = head(tokens, states, steps)
     p = head.target_probs(states[:, 1:])  # [B, n - 1, N]: the target at f_{j+1}
     target_top = p.argmax(-1)
-    j = torch.arange(n - 1)
+    j = torch.arange(n - 1, device=device)
     total, agree = 0.0, []
     for s, out in enumerate(outs, start=1):
         valid = (j[None, :] + 1 < lengths[:, None]) & (j[None, :] >= s - 1)  # [B, n - 1]
@@ -72,8 +74,9 @@ def step_losses(head: EagleHead, tokens, states, lengths, steps: int) -> tuple[t
 def train(head: EagleHead, samples: list[Sample], *, steps: int, seq_len: int, batch: int, lr: float, seed: int,
           checkpoint: Path | None, log: Callable[[str], None], tts_steps: int = 3, checkpoint_every: int = 100,
           time_budget_s: float | None = None) -> dict:
-    """Train in place for `steps` optimizer steps (or until the time budget ends);
-    resumes from `checkpoint` when it holds a state of this run."""
+    """Train in place for `steps` optimizer steps, or until `time_budget_s` ends
+    (the learning-rate schedule then runs on time: it reaches zero at whichever
+    end comes first); resumes from `checkpoint` when it holds a state of this run."""
     rng = random.Random(seed)
     torch.manual_seed(seed)
     data = chunks(samples, seq_len)
@@ -89,25 +92,28 @@ def train(head: EagleHead, samples: list[Sample], *, steps: int, seq_len: int, b
         log(f"resumed from {checkpoint} at step {start}")
     warm = max(1, steps // 20)
 
-    def lr_at(k: int) -> float:  # linear warm-up, then cosine to zero
+    def lr_at(k: int, progress: float) -> float:  # linear warm-up, then cosine to zero
         if k < warm:
             return lr * (k + 1) / warm
-        return lr * 0.5 * (1 + math.cos(math.pi * (k - warm) / max(1, steps - warm)))
+        return lr * 0.5 * (1 + math.cos(math.pi * progress))
 
     order: list[int] = []
     t0, seen, hist = time.monotonic(), 0, []
     for k in range(start, steps):
-        if time_budget_s is not None and time.monotonic() - t0 > time_budget_s:
-            log(f"time budget reached at step {k}")
-            steps = k
-            break
+        progress = (k - warm) / max(1, steps - warm)
+        if time_budget_s is not None:
+            progress = max(progress, (time.monotonic() - t0) / time_budget_s)
+            if progress >= 1:
+                log(f"time budget reached at step {k}")
+                steps = k
+                break
         if len(order) < batch:
             order += rng.sample(range(len(data)), len(data))
         picked = [data[i] for i in order[:batch]]
         del order[:batch]
         tokens, states, lengths = collate(picked, seq_len)
         for g in opt.param_groups:
-            g["lr"] = lr_at(k)
+            g["lr"] = lr_at(k, progress)
         loss, agree = step_losses(head, tokens, states, lengths, tts_steps)
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -167,7 +167,7 @@ def save_draft(directory, tensors: dict[str, torch.Tensor], vocab_ids: torch.Ten
 
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    out = {k: tensors[k].detach().to(torch.bfloat16).contiguous() for k in TENSORS}
+    out = {k: tensors[k].detach().to("cpu", torch.bfloat16).contiguous() for k in TENSORS}
     out["vocab_ids"] = vocab_ids.to(torch.int32).contiguous()
     save_file(out, str(d / WEIGHTS_FILE))
     (d / CARD_FILE).write_text(json.dumps({"format": FORMAT, **card}, indent=1) + "\n")

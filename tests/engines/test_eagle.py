@@ -10,7 +10,7 @@ import torch
 
 from engines.api import SamplingParams
 from engines.builtin import BuiltinEngine
-from engines.distill.data import generate, load_samples, save_samples
+from engines.distill.data import generate, generate_padded, load_samples, save_samples
 from engines.distill.model import EagleHead
 from engines.distill.train import agreement, train
 from engines.loading import fingerprint
@@ -117,3 +117,23 @@ def test_distillation_learns_on_the_targets_own_answers(tmp_path):
           log=lambda m: None, tts_steps=2, checkpoint_every=20)
     after = agreement(head, samples[:20], 32)
     assert after[0] > before + 0.2 and (tmp_path / "ck.pt").exists()
+
+
+def test_padded_data_generation_writes_what_the_ragged_one_does():
+    """The GPU's padded batches (generate_padded) against the CPU's ragged ones:
+    greedy answers token for token, their states equal, prompts of different
+    lengths in one batch, an answer ending at EOS early; sampled answers run
+    their length with a state for every position but the last."""
+    target = lean_from_hf(tiny_hf_model(seed=0, scale=4.0, dtype=torch.float32), dtype=torch.float32)
+    gen = torch.Generator().manual_seed(1)
+    prompts = [("t", [int(x) for x in torch.randint(2, 38, (n,), generator=gen)], 0.0) for n in (3, 7, 5, 11, 4)]
+    ragged = generate(target, prompts, 16, frozenset({1, 5}), seed=0, layers=LAYERS, batch=8)
+    padded = generate_padded(target, prompts, 16, frozenset({1, 5}), seed=0, layers=LAYERS, batch=3)
+    assert any(s.answer_len < 16 for s in ragged)  # an EOS ended one early
+    for r, p in zip(ragged, padded):
+        assert torch.equal(p.tokens, r.tokens) and p.prompt_len == r.prompt_len
+        torch.testing.assert_close(p.states.float(), r.states.float(), rtol=0.02, atol=0.02)  # bfloat16 storage
+    sampled = generate_padded(target, [(c, ids, 1.0) for c, ids, _ in prompts], 16, frozenset(), seed=0,
+                              layers=LAYERS, batch=5)
+    assert all(s.answer_len == 16 and s.states.shape[0] == s.tokens.shape[0] - 1 for s in sampled)
+    assert len({tuple(s.tokens.tolist()) for s in sampled}) == len(prompts)
