@@ -106,14 +106,16 @@ def verify_cost(engine: BuiltinEngine, context: int = 256, repeats: int = 7) -> 
     """Median seconds of one target forward of T tokens after `context` cached ones."""
     model = engine.model
     cache = model.new_cache(context + 16)
-    model.forward(torch.randint(0, 1000, (context,)), cache, all_logits=False)
+    model.forward(torch.randint(0, 1000, (context,), device=model.device), cache, all_logits=False)
     out: dict[int, list[float]] = defaultdict(list)
     for _ in range(repeats):
         for t in (1, 3, 5, 9):
-            ids = torch.randint(0, 1000, (t,))
+            ids = torch.randint(0, 1000, (t,), device=model.device)
             cache.lengths[0] = context
             t0 = time.perf_counter()
             model.forward(ids, cache)
+            if model.device.type == "cuda":
+                torch.cuda.synchronize(model.device)
             out[t].append(time.perf_counter() - t0)
     return {t: statistics.median(v) for t, v in out.items()}
 
@@ -274,7 +276,9 @@ def main(args) -> int:
     if args.samples < 1:
         print("error: --samples must be at least 1", file=sys.stderr)
         return 2
-    log(f"machine: {cpu_model()}; torch {torch.__version__}")
+    gpu = torch.cuda.get_device_name(config.target.device) if config.target.device.startswith("cuda") else None
+    machine = cpu_model() + (f"; {gpu}" if gpu else "")
+    log(f"machine: {machine}; torch {torch.__version__}")
     log(f"engine config: {config.model_dump_json()}")
     # The decode loop runs on this (main) thread, as in `specgate serve`; the
     # benchmark drives it from a second thread (see engines/builtin.py for why).
@@ -288,9 +292,9 @@ def main(args) -> int:
     summary["verify8_over_step"] = cost[9] / cost[1]
     summary["settings"] = dict(max_tokens=args.max_tokens, per_category=args.per_category, samples=args.samples,
                                modes=args.modes,
-                               temperatures=args.temperatures, dtype=config.target.dtype, cpu=cpu_model(),
+                               temperatures=args.temperatures, dtype=config.target.dtype, cpu=cpu_model(), gpu=gpu,
                                profile=engine.profile.describe() if engine.profile else None)
-    print(f"machine: {cpu_model()}; start-up profile: {summary['settings']['profile']}")
+    print(f"machine: {machine}; start-up profile: {summary['settings']['profile']}")
     for t, table in summary["tables"].items():
         print(f"\n### T={t}: speed over plain (acceptance per drafted token / mean accepted length)\n")
         print(format_table(table, args.modes))

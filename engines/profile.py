@@ -53,8 +53,9 @@ class Profile:
         packs = n and (f"from {n} tokens ({n}: {self.pack_s[n][1] * 1e3:.1f} against {self.pack_s[n][0] * 1e3:.1f} ms "
                        f"dense; {LONE_TOKENS}: {self.pack_s[LONE_TOKENS][1] * 1e3:.1f} against "
                        f"{self.pack_s[LONE_TOKENS][0] * 1e3:.1f})")
-        return (f"{self.threads} threads, {LAYOUT_NAMES[self.layout]} weights (a decode step, a lone row feeding "
-                f"{LONE_TOKENS} tokens and 16 rows decoding: {others}); MKL-packed copies: {packs or 'none'}; "
+        layouts = (f" (a decode step, a lone row feeding {LONE_TOKENS} tokens and 16 rows decoding: {others}); "
+                   f"MKL-packed copies: {packs or 'none'}") if others else ""  # none timed: not a CPU
+        return (f"{self.threads} threads, {LAYOUT_NAMES[self.layout]} weights{layouts}; "
                 f"step cost {self.cost.a * 1e3:.1f} ms + "
                 f"{self.cost.b * 1e3:.2f} ms/matmul row + {self.cost.e * 1e3:.2f} ms/row feeding several + "
                 f"{self.cost.c * 1e3:.2f} ms/row + {self.cost.d * 1e3:.1f} ms beyond one token"
@@ -85,6 +86,8 @@ def _fastest_steps(model: LlamaModel, shapes: list[list[tuple[int, bool]]], cont
                      for (n, logits), c in zip(shapes[i], caches[i])]
             t0 = time.perf_counter()
             model.forward_many(items)
+            if model.device.type == "cuda":  # kernels run asynchronously: time them, not their launch
+                torch.cuda.synchronize(model.device)
             times[i].append(time.perf_counter() - t0)
     # the fastest, not the median: noise from anything sharing the cores only adds time, and a
     # burst of it during a few repeats must not rank a 9-token forward below a 1-token one;

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from bench.specbench.runner import ADAPTIVE
+from bench.specbench.workload import ADAPTIVE
 
 
 def ok(m: dict) -> bool:

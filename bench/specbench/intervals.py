@@ -13,7 +13,7 @@ import math
 import random
 from collections import defaultdict
 
-from bench.specbench.runner import ADAPTIVE
+from bench.specbench.workload import ADAPTIVE  # not the runner: the engine bench needs no gRPC
 
 BOOTSTRAP = 1000
 # two-sided 95% t quantiles by degrees of freedom

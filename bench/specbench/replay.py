@@ -32,8 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.specbench.analysis import ok, s_per_token, totals
-from bench.specbench.runner import ADAPTIVE
-from bench.specbench.workload import WorkloadError, build_workload, read_rows
+from bench.specbench.workload import ADAPTIVE, WorkloadError, build_workload, read_rows
 
 
 def measured(bench: dict) -> dict[tuple[int, str], dict]:

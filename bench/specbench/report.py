@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.specbench.runner import ADAPTIVE
+from bench.specbench.workload import ADAPTIVE
 
 
 def _f(v, spec=".2f", suffix="") -> str:

@@ -17,11 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from bench.specbench.workload import BenchRequest
+from bench.specbench.workload import ADAPTIVE, BenchRequest
 from gateway.pb import specgate_pb2 as pb
 from gateway.pb import specgate_pb2_grpc as pb_grpc
-
-ADAPTIVE = "adaptive"
 
 
 class Progress:

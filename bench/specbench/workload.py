@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 MAX_PROMPT_CHARS = 200_000  # bounded input: a longer row is refused, not truncated
+ADAPTIVE = "adaptive"  # the mode in which the gateway's policy chooses the arm
 
 
 @dataclass(frozen=True)
