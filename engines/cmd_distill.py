@@ -48,6 +48,11 @@ def main(args) -> int:
     from engines.drafts import SHIPPED
     from engines.loading import default_cache_dir, default_target_path, load_model
 
+    for flag, value in (("--steps", args.steps), ("--batch", args.batch), ("--gen-batch", args.gen_batch),
+                        ("--train-minutes", args.train_minutes)):
+        if value is not None and value <= 0:
+            print(f"error: {flag} must be positive, got {value}", file=sys.stderr)
+            return 2
     cfg = load_engine_config(args.config)
     t = cfg.target
     device = args.device or t.device

@@ -102,7 +102,7 @@ def train(head: EagleHead, samples: list[Sample], *, steps: int, seq_len: int, b
     for k in range(start, steps):
         progress = (k - warm) / max(1, steps - warm)
         if time_budget_s is not None:
-            progress = max(progress, (time.monotonic() - t0) / time_budget_s)
+            progress = max(progress, (time.monotonic() - t0) / max(time_budget_s, 1e-9))
             if progress >= 1:
                 log(f"time budget reached at step {k}")
                 steps = k

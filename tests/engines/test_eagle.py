@@ -137,3 +137,20 @@ def test_padded_data_generation_writes_what_the_ragged_one_does():
                               layers=LAYERS, batch=5)
     assert all(s.answer_len == 16 and s.states.shape[0] == s.tokens.shape[0] - 1 for s in sampled)
     assert len({tuple(s.tokens.tolist()) for s in sampled}) == len(prompts)
+
+
+def test_a_time_bound_ends_training_and_its_schedule_early():
+    """train(time_budget_s=...) stops when the time is up and counts only the steps
+    taken; a budget that outlasts the steps changes nothing."""
+    target = lean_from_hf(tiny_hf_model(seed=0, scale=4.0, dtype=torch.float32), dtype=torch.float32)
+    prompts = [("t", [int(x) for x in torch.randint(2, 38, (6,), generator=torch.Generator().manual_seed(i))], 0.0)
+               for i in range(4)]
+    samples = generate(target, prompts, 12, frozenset(), seed=0, layers=LAYERS, batch=4)
+    head = EagleHead(target.weights, target.cfg, torch.arange(38), LAYERS)
+    lines: list[str] = []
+    out = train(head, samples, steps=10_000, seq_len=16, batch=2, lr=1e-3, seed=0, checkpoint=None, log=lines.append,
+                tts_steps=1, time_budget_s=0.5)
+    assert 0 < out["steps"] < 10_000 and any("time budget reached" in m for m in lines)
+    unbounded = train(EagleHead(target.weights, target.cfg, torch.arange(38), LAYERS), samples, steps=3, seq_len=16,
+                      batch=2, lr=1e-3, seed=0, checkpoint=None, log=lines.append, tts_steps=1, time_budget_s=60)
+    assert unbounded["steps"] == 3
