@@ -69,7 +69,8 @@ def prompt_set(s: Settings, tokenizer) -> tuple[list, list, dict]:
         pool += [p for p in templates]
     pool = pool[: s.prompts or len(pool)]
     rng.shuffle(pool)
-    temps, sampled = s.temperatures, [t for t in s.temperatures if t > 0]
+    temps = s.temperatures
+    sampled = [t for t in temps if t > 0] or list(temps)  # all greedy: repeats stay greedy
     answered: set = set()
 
     def temperature(i: int, p: tuple[str, str]) -> float:  # a greedy answer twice would be the same answer
