@@ -43,6 +43,7 @@ from engines.api import ChatMessage, GenerationRequest, SamplingParams
 from engines.arms import Arm
 from engines.builtin import BuiltinEngine, drive_from_side_thread
 from engines.config import load_engine_config
+from engines.profile import wait_for
 from engines.text import encode_prompt
 
 DEFAULT_MODES = ("plain", "ngram:8", "ngram:2/fixed", "ngram:4/fixed", "ngram:8/fixed", "eagle:6", "eagle:1/fixed",
@@ -114,8 +115,7 @@ def verify_cost(engine: BuiltinEngine, context: int = 256, repeats: int = 7) -> 
             cache.lengths[0] = context
             t0 = time.perf_counter()
             model.forward(ids, cache)
-            if model.device.type == "cuda":
-                torch.cuda.synchronize(model.device)
+            wait_for(model.device)
             out[t].append(time.perf_counter() - t0)
     return {t: statistics.median(v) for t, v in out.items()}
 

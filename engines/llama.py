@@ -294,13 +294,16 @@ class LlamaModel:
             sizes.append(T if want_all else 1)
             off += T
         sel = torch.cat(rows).to(self.device) if not (one and items[0][2]) else None
-        xs = x if sel is None else x[sel]
-        xs = F.rms_norm(xs, (cfg.hidden_size,), self.weights.norm, cfg.rms_norm_eps)
-        logits = linear(xs, self.weights.lm_head).float()  # [sum sizes, V]
+        logits = self._logits(x if sel is None else x[sel])  # [sum sizes, V]
         logits = list(logits.split(sizes)) if not one else [logits]
         if hidden is False:
             return logits
         return logits, list(captured.split([t for t, *_ in spans]))
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Final states [N, E] -> float32 logits [N, V]: the last norm, then the head."""
+        return linear(F.rms_norm(x, (self.cfg.hidden_size,), self.weights.norm, self.cfg.rms_norm_eps),
+                      self.weights.lm_head).float()
 
     def _stack(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention,
                hidden: bool | tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -362,8 +365,7 @@ class LlamaModel:
 
         x, states = self._stack(F.embedding(ids, self.weights.embed), cos, sin, attention, hidden)
         cache.lengths = [n + 1 for n in cache.lengths]
-        logits = linear(F.rms_norm(x, (cfg.hidden_size,), self.weights.norm, cfg.rms_norm_eps),
-                        self.weights.lm_head).float()  # [B, V]
+        logits = self._logits(x)  # [B, V]
         return logits if hidden is False else (logits, states)
 
 

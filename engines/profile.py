@@ -66,6 +66,13 @@ class Profile:
         return f" + {self.cost.g * 1e3:.1f} ms packed" if self.packed_from else ""
 
 
+def wait_for(device: torch.device) -> None:
+    """Until the device has run what was queued: CUDA kernels run asynchronously, so a
+    timer read without this measures their launch, not their work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _fastest_steps(model: LlamaModel, shapes: list[list[tuple[int, bool]]], context: int = 64,
                    repeats: int = 7) -> list[float]:
     """Per shape, the fastest of `repeats` forwards of its rows (one row per feed:
@@ -86,8 +93,7 @@ def _fastest_steps(model: LlamaModel, shapes: list[list[tuple[int, bool]]], cont
                      for (n, logits), c in zip(shapes[i], caches[i])]
             t0 = time.perf_counter()
             model.forward_many(items)
-            if model.device.type == "cuda":  # kernels run asynchronously: time them, not their launch
-                torch.cuda.synchronize(model.device)
+            wait_for(model.device)
             times[i].append(time.perf_counter() - t0)
     # the fastest, not the median: noise from anything sharing the cores only adds time, and a
     # burst of it during a few repeats must not rank a 9-token forward below a 1-token one;

@@ -139,7 +139,7 @@ def test_padded_data_generation_writes_what_the_ragged_one_does():
     assert len({tuple(s.tokens.tolist()) for s in sampled}) == len(prompts)
 
 
-def test_a_time_bound_ends_training_and_its_schedule_early():
+def test_a_time_bound_ends_training_early():
     """train(time_budget_s=...) stops when the time is up and counts only the steps
     taken; a budget that outlasts the steps changes nothing."""
     target = lean_from_hf(tiny_hf_model(seed=0, scale=4.0, dtype=torch.float32), dtype=torch.float32)
