@@ -32,6 +32,9 @@ def add_arguments(p) -> None:
     p.add_argument("--prompts", type=int, default=d.prompts,
                    help="prompts answered: the dev split's and the templates once, then templates again "
                         "(sampled answers differ); 0 = each once (default: %(default)s)")
+    p.add_argument("--context-prompts", type=int, default=d.context_prompts,
+                   help="then this many requests about passages of those answers: summaries, questions on the "
+                        "passage, extraction, rewriting (default: %(default)s)")
     p.add_argument("--max-new", type=int, default=d.max_new, help="tokens per answer (default: %(default)s)")
     p.add_argument("--vocab", type=int, default=d.vocab, help="draft vocabulary size (default: %(default)s)")
     p.add_argument("--held-out", type=int, default=d.held_out,
@@ -48,6 +51,9 @@ def main(args) -> int:
     from engines.drafts import SHIPPED
     from engines.loading import default_cache_dir, default_target_path, load_model
 
+    if args.context_prompts < 0:
+        print(f"error: --context-prompts must be 0 or more, got {args.context_prompts}", file=sys.stderr)
+        return 2
     for flag, value in (("--steps", args.steps), ("--batch", args.batch), ("--gen-batch", args.gen_batch),
                         ("--train-minutes", args.train_minutes)):
         if value is not None and value <= 0:
@@ -65,7 +71,8 @@ def main(args) -> int:
         print(f"start-up profile: {prof.describe()}", file=sys.stderr)
     out = Path(args.out) if args.out else (SHIPPED if t.path is None else Path("eagle-draft"))
     work = Path(args.work_dir) if args.work_dir else cache / "distill" / Path(target.source).name
-    s = Settings(Path(args.data), out, work, prompts=args.prompts, held_out=args.held_out, max_new=args.max_new,
+    s = Settings(Path(args.data), out, work, prompts=args.prompts, context_prompts=args.context_prompts,
+                 held_out=args.held_out, max_new=args.max_new,
                  vocab=args.vocab, steps=args.steps, batch=args.batch, gen_batch=args.gen_batch,
                  train_minutes=args.train_minutes, seed=args.seed)
     try:

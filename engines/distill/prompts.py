@@ -1,10 +1,13 @@
 """Prompts the target answers to make its draft's training data.
 
-Two sources, both offline: the Spec-Bench dev split minus the prompts the
+Three sources, all offline: the Spec-Bench dev split minus the prompts the
 benchmarks use (the first `held_out` of each category stay unseen, and are the
-validation split), and prompts written here from templates across the kinds of
+validation split); prompts written here from templates across the kinds of
 requests the product serves (writing, role play, explanation, questions,
-reasoning, arithmetic, code, translation, extraction). Deterministic for a seed.
+reasoning, arithmetic, code, translation, extraction); and requests about a
+passage (summaries, questions on it, extraction, rewriting), whose passages are
+the target's own earlier answers, so that a draft sees answers that read and
+quote a long prompt. Deterministic for a seed.
 """
 
 from __future__ import annotations
@@ -111,6 +114,30 @@ def template_prompts(rng: random.Random) -> list[tuple[str, str]]:
         a, b = rng.randint(10, 99), rng.randint(10, 99)
         out.append(("math", f"What is {a} times {b}? Show your work."))
     rng.shuffle(out)
+    return out
+
+
+CONTEXT_TASKS = [
+    ("summarization", "Summarize: {text}"),
+    ("summarization", "Summarize the following text in two or three sentences.\n\n{text}"),
+    ("rag", "{text}\nWhat is the main point of the text above?"),
+    ("rag", "{text}\nAccording to the text above, what should a reader remember?"),
+    ("extraction", "Extract the key facts from the following text as a bulleted list.\n\n{text}"),
+    ("writing", "Rewrite the following text in a more formal tone.\n\n{text}"),
+    ("writing", "Edit the following text to make it shorter and clearer.\n\n{text}"),
+]
+
+
+def context_prompts(rng: random.Random, texts: list[str], n: int) -> list[tuple[str, str]]:
+    """n (category, prompt) pairs, each a task from CONTEXT_TASKS about one of
+    `texts`; every text is used before any is used again."""
+    out: list[tuple[str, str]] = []
+    order: list[str] = []
+    while texts and len(out) < n:
+        if not order:
+            order = rng.sample(texts, len(texts))
+        cat, task = rng.choice(CONTEXT_TASKS)
+        out.append((cat, task.format(text=order.pop())))
     return out
 
 

@@ -2,7 +2,9 @@
 in the work directory, so an interrupted run resumes where it stopped.
 
     1. prompts      the dev split minus the benchmarks' prompts, and the templates
-    2. data         the target answers them (greedy and sampled) and keeps its states
+    2. data         the target answers them (greedy and sampled) and keeps its states;
+                    then, optionally, requests about its own answers (summaries,
+                    questions on a passage, rewriting), answered the same way
     3. vocabulary   the tokens the target writes most, then its own most common ids
     4. training     soft cross-entropy with training-time test, checkpointed
     5. validation   on the held-out prompts: top-1 agreement per step, and real
@@ -33,6 +35,7 @@ class Settings:
     out: Path
     work: Path
     prompts: int = 1400  # the dev split's and the templates once, then templates again (0: every prompt once)
+    context_prompts: int = 0  # requests about passages of the first answers (prompts.context_prompts)
     held_out: int = 3
     max_new: int = 192
     gen_batch: int = 64
@@ -85,6 +88,15 @@ def prompt_set(s: Settings, tokenizer) -> tuple[list, list, dict]:
                 held_out_per_category=s.held_out, validation_prompts=len(valid_prompts),
                 temperatures=list(temps), max_new_tokens=s.max_new)
     return train_prompts, valid_prompts, info
+
+
+def context_set(s: Settings, tokenizer, samples: list) -> list:
+    """Requests about passages of the target's first answers: the greedy and
+    T=0.7 ones long enough to summarise (T=1 answers of a small model wander)."""
+    texts = [tokenizer.decode(x.tokens[x.prompt_len:].tolist(), skip_special_tokens=True).strip()
+             for x in samples if x.answer_len >= 64 and x.temperature < 1.0]
+    pairs = prompts.context_prompts(random.Random(s.seed + 1), texts, s.context_prompts)
+    return [(c, encode(tokenizer, t), s.temperatures[i % len(s.temperatures)]) for i, (c, t) in enumerate(pairs)]
 
 
 def generated(s: Settings, target: LoadedModel, name: str, items: list, max_new: int, seed: int) -> list:
@@ -168,7 +180,8 @@ def validate(head: EagleHead, valid: list, target: LoadedModel, s: Settings, art
 
 def command(s: Settings, device: str) -> str:
     """The `specgate distill` command line that makes this draft again."""
-    flags = {"--prompts": "prompts", "--max-new": "max_new", "--vocab": "vocab", "--held-out": "held_out",
+    flags = {"--prompts": "prompts", "--context-prompts": "context_prompts", "--max-new": "max_new",
+             "--vocab": "vocab", "--held-out": "held_out",
              "--steps": "steps", "--batch": "batch", "--gen-batch": "gen_batch", "--train-minutes": "train_minutes",
              "--seed": "seed"}
     out = ["specgate distill"] + ([f"--device {device.split(':')[0]}"] if device != "cpu" else [])
@@ -188,6 +201,11 @@ def run(s: Settings, target: LoadedModel) -> dict:
     log(f"{len(train_prompts)} training prompts ({info['dev_prompts']} from the dev split), "
         f"{len(valid_prompts)} held out for validation")
     samples = generated(s, target, "train", train_prompts, s.max_new, s.seed)
+    if s.context_prompts:
+        context = context_set(s, target.tokenizer, samples)
+        log(f"{len(context)} requests about passages of those answers")
+        samples = samples + generated(s, target, "context", context, s.max_new, s.seed + 2)
+        info["context_prompts"] = len(context)
     valid = generated(s, target, "validation", valid_prompts, 128, s.seed + 1)
     ids = vocabulary(samples, s.vocab, target.model.cfg.vocab_size)
     answers = [t for v in valid for t in v.tokens[v.prompt_len:].tolist()]

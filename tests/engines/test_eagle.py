@@ -3,6 +3,7 @@ target's states, with a reduced vocabulary, is lossless (greedy identity,
 sampled distribution), its artifact is refused for another target, and
 distillation learns (the loss falls on the target's own data)."""
 
+import random
 from dataclasses import replace
 
 import pytest
@@ -12,6 +13,7 @@ from engines.api import SamplingParams
 from engines.builtin import BuiltinEngine
 from engines.distill.data import generate, generate_padded, load_samples, save_samples
 from engines.distill.model import EagleHead
+from engines.distill.prompts import CONTEXT_TASKS, context_prompts
 from engines.distill.train import agreement, train
 from engines.loading import fingerprint
 from engines.proposers.eagle import EagleDraft, EagleProposer, load_draft, save_draft
@@ -154,3 +156,17 @@ def test_a_time_bound_ends_training_early():
     unbounded = train(EagleHead(target.weights, target.cfg, torch.arange(38), LAYERS), samples, steps=3, seq_len=16,
                       batch=2, lr=1e-3, seed=0, checkpoint=None, log=lines.append, tts_steps=1, time_budget_s=60)
     assert unbounded["steps"] == 3
+
+
+def test_requests_about_passages_use_every_passage_before_repeating_one():
+    """prompts.context_prompts: each prompt carries one passage inside a task from
+    CONTEXT_TASKS; every passage is asked about before any is asked about twice;
+    the same seed gives the same prompts."""
+    texts = [f"passage number {i} about something" for i in range(5)]
+    out = context_prompts(random.Random(0), texts, 12)
+    assert len(out) == 12 and context_prompts(random.Random(0), texts, 12) == out
+    used = [next(t for t in texts if t in p) for _, p in out]
+    assert sorted(used[:5]) == sorted(texts) and sorted(used[5:10]) == sorted(texts)
+    cats = {c for c, _ in CONTEXT_TASKS}
+    assert all(c in cats for c, _ in out) and len({c for c, _ in out}) > 1
+    assert context_prompts(random.Random(0), [], 3) == []
