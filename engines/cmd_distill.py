@@ -51,13 +51,11 @@ def main(args) -> int:
     from engines.drafts import SHIPPED
     from engines.loading import default_cache_dir, default_target_path, load_model
 
-    if args.context_prompts < 0:
-        print(f"error: --context-prompts must be 0 or more, got {args.context_prompts}", file=sys.stderr)
-        return 2
-    for flag, value in (("--steps", args.steps), ("--batch", args.batch), ("--gen-batch", args.gen_batch),
-                        ("--train-minutes", args.train_minutes)):
-        if value is not None and value <= 0:
-            print(f"error: {flag} must be positive, got {value}", file=sys.stderr)
+    for flag, value, zero_ok in (("--steps", args.steps, False), ("--batch", args.batch, False),
+                                 ("--gen-batch", args.gen_batch, False), ("--train-minutes", args.train_minutes, False),
+                                 ("--context-prompts", args.context_prompts, True)):
+        if value is not None and (value < 0 if zero_ok else value <= 0):
+            print(f"error: {flag} must be {'0 or more' if zero_ok else 'positive'}, got {value}", file=sys.stderr)
             return 2
     cfg = load_engine_config(args.config)
     t = cfg.target
