@@ -1,5 +1,8 @@
 """The whole of `specgate distill`, stage by stage; every stage's result is kept
-in the work directory, so an interrupted run resumes where it stopped.
+in the work directory, so an interrupted run resumes where it stopped. A kept
+result is named by a key of everything that made it (the target, the prompts,
+the flags that shape it): a run with other settings makes its own instead of
+reusing one made otherwise.
 
     1. prompts      the dev split minus the benchmarks' prompts, and the templates
     2. data         the target answers them (greedy and sampled) and keeps its states;
@@ -15,6 +18,7 @@ in the work directory, so an interrupted run resumes where it stopped.
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import random
 import sys
@@ -99,9 +103,16 @@ def context_set(s: Settings, tokenizer, samples: list) -> list:
     return [(c, encode(tokenizer, t), s.temperatures[i % len(s.temperatures)]) for i, (c, t) in enumerate(pairs)]
 
 
-def generated(s: Settings, target: LoadedModel, name: str, items: list, max_new: int, seed: int) -> list:
-    """The target's answers and states, generated once and kept in the work directory."""
-    path = s.work / f"{name}.safetensors"
+def stage_key(*parts) -> str:
+    """A short key of what made a stage's result (JSON-serialisable parts)."""
+    return hashlib.sha256(json.dumps(parts, default=list).encode()).hexdigest()[:12]
+
+
+def generated(s: Settings, target: LoadedModel, name: str, items: list, max_new: int, seed: int,
+              key: str) -> list:
+    """The target's answers and states, generated once and kept in the work
+    directory under `key` (the target's fingerprint, the settings) and the prompts."""
+    path = s.work / f"{name}-{stage_key(key, items, max_new, seed, s.feature_layers)}.safetensors"
     if path.exists():
         log(f"{name}: using {path}")
         return data.load_samples(path)
@@ -200,20 +211,23 @@ def run(s: Settings, target: LoadedModel) -> dict:
     train_prompts, valid_prompts, info = prompt_set(s, target.tokenizer)
     log(f"{len(train_prompts)} training prompts ({info['dev_prompts']} from the dev split), "
         f"{len(valid_prompts)} held out for validation")
-    samples = generated(s, target, "train", train_prompts, s.max_new, s.seed)
+    samples = generated(s, target, "train", train_prompts, s.max_new, s.seed, print_)
     if s.context_prompts:
         context = context_set(s, target.tokenizer, samples)
         log(f"{len(context)} requests about passages of those answers")
-        samples = samples + generated(s, target, "context", context, s.max_new, s.seed + 2)
+        samples = samples + generated(s, target, "context", context, s.max_new, s.seed + 2, print_)
         info["context_prompts"] = len(context)
-    valid = generated(s, target, "validation", valid_prompts, 128, s.seed + 1)
+    valid = generated(s, target, "validation", valid_prompts, 128, s.seed + 1, print_)
     ids = vocabulary(samples, s.vocab, target.model.cfg.vocab_size)
     answers = [t for v in valid for t in v.tokens[v.prompt_len:].tolist()]
     covered = float(torch.isin(torch.tensor(answers), ids).float().mean()) if answers else 0.0
     log(f"vocabulary: {ids.numel()} tokens cover {covered:.3f} of the held-out answers' tokens")
     head = EagleHead(target.model.weights, target.model.cfg, ids, s.feature_layers).to(target.model.device)
+    # a checkpoint resumes only the training it was saved by: the same data, vocabulary and schedule
+    run_key = stage_key(print_, train_prompts, s.context_prompts, s.max_new, s.feature_layers, ids.tolist(), s.steps,
+                        s.batch, s.seq_len, s.lr, s.seed, s.tts_steps, s.train_minutes)
     stats = train.train(head, samples, steps=s.steps, seq_len=s.seq_len, batch=s.batch, lr=s.lr, seed=s.seed,
-                        checkpoint=s.work / "checkpoint.pt", log=log, tts_steps=s.tts_steps,
+                        checkpoint=s.work / f"checkpoint-{run_key}.pt", log=log, tts_steps=s.tts_steps,
                         time_budget_s=s.train_minutes * 60 if s.train_minutes else None)
     card = {
         "target": Path(target.source).name, "target_fingerprint": print_,

@@ -1,7 +1,8 @@
 """The trained-draft path on tiny models: an EAGLE-style head reading the
 target's states, with a reduced vocabulary, is lossless (greedy identity,
-sampled distribution), its artifact is refused for another target, and
-distillation learns (the loss falls on the target's own data)."""
+sampled distribution), its artifact is refused for another target,
+distillation learns (the loss falls on the target's own data), and its kept
+stages are reused only by a run that would make them the same."""
 
 import random
 from dataclasses import replace
@@ -14,6 +15,7 @@ from engines.builtin import BuiltinEngine
 from engines.distill.data import generate, generate_padded, load_samples, save_samples
 from engines.distill.model import EagleHead
 from engines.distill.prompts import CONTEXT_TASKS, context_prompts
+from engines.distill.run import Settings, generated
 from engines.distill.train import agreement, train
 from engines.loading import fingerprint
 from engines.proposers.eagle import EagleDraft, EagleProposer, load_draft, save_draft
@@ -170,3 +172,23 @@ def test_requests_about_passages_use_every_passage_before_repeating_one():
     cats = {c for c, _ in CONTEXT_TASKS}
     assert all(c in cats for c, _ in out) and len({c for c, _ in out}) > 1
     assert context_prompts(random.Random(0), [], 3) == []
+
+
+def test_a_kept_stage_is_reused_only_by_a_run_with_the_same_settings(tmp_path):
+    """`specgate distill` keeps each data stage in its work directory under a key of
+    what made it: the same target, prompts and length reuse the file; other prompts,
+    another answer length or another target make their own, the old ones kept."""
+    target = tiny_loaded()
+    s = Settings(data_path=tmp_path / "dev.jsonl", out=tmp_path / "out", work=tmp_path, gen_batch=4,
+                 feature_layers=LAYERS)
+    items = [("t", [3, 4, 5, 6], 0.0), ("t", [7, 8, 9], 1.0)]
+    first = generated(s, target, "train", items, 6, 0, "target-a")
+    (path,) = tmp_path.glob("train-*.safetensors")
+    made = path.stat().st_mtime_ns
+    again = generated(s, target, "train", items, 6, 0, "target-a")
+    assert path.stat().st_mtime_ns == made  # read, not generated again
+    assert all(torch.equal(a.tokens, b.tokens) and torch.equal(a.states, b.states) for a, b in zip(first, again))
+    assert len(generated(s, target, "train", items + [("t", [10, 11], 0.0)], 6, 0, "target-a")) == 3
+    generated(s, target, "train", items, 8, 0, "target-a")
+    generated(s, target, "train", items, 6, 0, "target-b")
+    assert len(list(tmp_path.glob("train-*.safetensors"))) == 4 and path.stat().st_mtime_ns == made
