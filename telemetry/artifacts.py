@@ -23,6 +23,10 @@ MODEL_KEY = "specgate:model:"  # + version -> hash {json, sig, meta}
 CURRENT = "specgate:model:current"
 HISTORY = "specgate:model:history"  # list of promoted versions, newest first
 CHANNEL = "specgate:model:announce"
+# per live version: judgements against it that could have promoted (hash). In Redis, not in one
+# retrainer's memory: a restarted retrainer, or a second one, goes on spending the same α
+ATTEMPTS = "specgate:retrainer:attempts"
+KEEP = 100  # promoted versions kept for rollback; an older one is deleted with its judgement count
 
 
 class ArtifactError(ValueError):
@@ -46,10 +50,16 @@ def publish(client, model: PolicyModel, key: bytes, meta: dict | None = None, pr
 def promote_version(client, version: str) -> None:
     if not client.exists(MODEL_KEY + version):
         raise ArtifactError(f"no stored model version {version!r}")
+    # what falls off the history with this push, unless it stays in it (a rollback pushes a version again)
+    staying = {v.decode() for v in client.lrange(HISTORY, 0, KEEP - 2)} | {version}
+    dropped = sorted({v.decode() for v in client.lrange(HISTORY, KEEP - 1, -1)} - staying)
     pipe = client.pipeline()
     pipe.set(CURRENT, version)
     pipe.lpush(HISTORY, version)
-    pipe.ltrim(HISTORY, 0, 99)
+    pipe.ltrim(HISTORY, 0, KEEP - 1)
+    if dropped:  # a registry that promotes for months stays at KEEP models
+        pipe.delete(*(MODEL_KEY + v for v in dropped))
+        pipe.hdel(ATTEMPTS, *dropped)
     pipe.publish(CHANNEL, version)
     pipe.execute()
 

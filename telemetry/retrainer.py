@@ -23,7 +23,7 @@ import redis
 from engines.arms import ArmMenu
 from policy.model import PolicyModel, prior_model
 from policy.train import TrainingRow, judge
-from telemetry.artifacts import CURRENT, ArtifactError, load_verified, publish
+from telemetry.artifacts import ATTEMPTS, CURRENT, ArtifactError, load_verified, publish
 from telemetry.outcomes import STREAM
 from telemetry.record import OutcomeRecord, RecordError
 from telemetry.redis_server import Outage
@@ -32,9 +32,6 @@ log = logging.getLogger(__name__)
 
 GROUP = "specgate-retrainer"
 DECISIONS = "specgate:model:decisions"  # every promotion judgement, newest first (JSON)
-# per live version: judgements against it that could have promoted (hash). In Redis, not in one
-# retrainer's memory: a restarted retrainer, or a second one, goes on spending the same α
-ATTEMPTS = "specgate:retrainer:attempts"
 # give a reserved attempt back only if no judgement reserved one after it (its number is then unused)
 _RELEASE = """if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
   return redis.call('HINCRBY', KEYS[1], ARGV[1], -1) end

@@ -4,7 +4,9 @@ import pytest
 
 from policy.model import PolicyModel, prior_draft
 from telemetry.artifacts import (
+    ATTEMPTS,
     CURRENT,
+    HISTORY,
     MODEL_KEY,
     ArtifactError,
     ModelWatcher,
@@ -60,6 +62,25 @@ def test_rollback_returns_to_the_previous_version(rclient):
     assert rollback(rclient, "v2") == "v2"
     with pytest.raises(ArtifactError):
         rollback(rclient, "v9")
+
+
+def test_the_registry_keeps_the_last_promoted_versions_and_forgets_older_ones(rclient, monkeypatch):
+    """Past KEEP promotions, a version that falls off the history is deleted with its
+    judgement count; one pushed again by a rollback stays while it is in the history."""
+    monkeypatch.setattr("telemetry.artifacts.KEEP", 3)
+    for v in ("v1", "v2", "v3"):
+        publish(rclient, model(v), KEY)
+        rclient.hincrby(ATTEMPTS, v, 2)
+    assert rollback(rclient, "v1") == "v1"  # history v1 v3 v2 v1: the old v1 entry falls off, v1 stays
+    assert [v.decode() for v in rclient.lrange(HISTORY, 0, -1)] == ["v1", "v3", "v2"]
+    assert all(rclient.exists(MODEL_KEY + v) for v in ("v1", "v2", "v3"))
+    publish(rclient, model("v4"), KEY)  # v2 falls off
+    publish(rclient, model("v5"), KEY)  # v3 falls off
+    assert [v.decode() for v in rclient.lrange(HISTORY, 0, -1)] == ["v5", "v4", "v1"]
+    assert not rclient.exists(MODEL_KEY + "v2") and not rclient.exists(MODEL_KEY + "v3")
+    assert rclient.hkeys(ATTEMPTS) == [b"v1"] and load_verified(rclient, "v1", KEY).version == "v1"
+    with pytest.raises(ArtifactError):
+        rollback(rclient, "v2")
 
 
 def test_a_gateway_started_from_a_model_file_seeds_an_empty_registry(rclient, redis_server, tmp_path, monkeypatch):
