@@ -13,7 +13,9 @@ slope (policy/model.py::prior_draft) to the run, each draft on its own. A fit
 is a candidate, not a verdict: 31-39 noisy requests leave the drafts' levels
 loosely identified, and a fit that prices each draft's speed well can still
 rank them badly (one put the head alone above the hybrid that contains it).
-Fit on one run; judge by replaying others.
+`--fit-prior-value` chooses them for every draft together by what the policy
+they make would have realised on the run instead. Fit on one run; judge by
+replaying others.
 
 Its limits: the menu is the run's fixed drafts (each with the engine adapting
 γ within its bound, so a draft chosen at any γ reads as that draft's measured
@@ -144,6 +146,53 @@ def fit_prior(bench: dict, requests, classifier, model) -> dict[str, dict]:
     return out
 
 
+def fit_prior_by_value(bench: dict, requests, classifier, model, rules, draws: int = 60, rounds: int = 3,
+                       start: dict[str, tuple[float, float]] | None = None, log=None) -> dict:
+    """Every fixed draft's prior intercept and temperature slope chosen together by
+    the replayed speed of the policy they make (Thompson draws included): a
+    coordinate search from `start` (arm -> intercept and slope; by default the
+    prior's values), steps of 0.2-0.8 in logit halving
+    after the first round, keeping any step that raises the speed. Least squares
+    (fit_prior) prices each draft's speed on its own and can still rank the drafts
+    badly; this ranks them for the decisions the run measured, and so fits a run's
+    luck more readily: judge it by replaying other runs."""
+    import dataclasses
+
+    from engines.arms import Arm, DraftKind
+    from policy.model import INTERCEPT, TEMPERATURE, PolicyModel, prior_of
+
+    arms = {Arm.parse(a).draft: a for a in bench["settings"]["modes"] if a not in ("plain", ADAPTIVE)}
+    priors = {d: prior_of(DraftKind.guess(d)) for d in arms}
+    start = {d: (start or {}).get(arms[d], (m.accept_coef[INTERCEPT], m.accept_coef[TEMPERATURE]))
+             for d, m in priors.items()}
+
+    def value(params: dict) -> float:
+        drafts = {}
+        for d, (i, t) in params.items():
+            w = list(priors[d].accept_coef)
+            w[INTERCEPT], w[TEMPERATURE] = i, t
+            drafts[d] = dataclasses.replace(priors[d], accept_coef=w, accept_cov=None)
+        policy = PolicyModel(model.version, drafts, model.explore, output_tokens=model.output_tokens)
+        return replay(bench, requests, policy, rules, classifier, draws)["vs_plain"]
+
+    best, before = dict(start), value(start)
+    best_v = before
+    for r in range(rounds):
+        for d in arms:
+            for j in (0, 1):
+                for step in (-0.8, -0.4, -0.2, 0.2, 0.4, 0.8):
+                    trial = dict(best)
+                    trial[d] = tuple(v + step / (r + 1) if k == j else v for k, v in enumerate(best[d]))
+                    v = value(trial)
+                    if v > best_v + 1e-4:  # a real gain, not the draws' rounding
+                        best, best_v = trial, v
+        if log:
+            log(f"round {r + 1}/{rounds}: {best_v:.4f}x plain")
+    return dict(replayed=best_v, prior_replayed=before, drafts={
+        arms[d]: dict(kind=DraftKind.guess(d).kind, intercept=round(best[d][0], 3), temperature=round(best[d][1], 3),
+                      prior=[round(v, 3) for v in start[d]]) for d in arms})
+
+
 def add_arguments(p) -> None:
     p.add_argument("bench_json", help="a `specgate bench` run's bench.json (it needs concurrency 1)")
     p.add_argument("--policy", help="policy model JSON (default: the prior, as a cold gateway starts)")
@@ -154,6 +203,10 @@ def add_arguments(p) -> None:
     p.add_argument("--fit-prior", action="store_true",
                    help="also fit each fixed draft's prior intercept and temperature slope to the run (fit on a run "
                         "the replays do not judge)")
+    p.add_argument("--fit-prior-value", action="store_true",
+                   help="also choose every fixed draft's prior intercept and temperature slope together by the "
+                        "replayed speed of the policy they make (a coordinate search from the prior, or from "
+                        "--fit-prior's fit when both are given: a minute or two)")
 
 
 def main(args) -> int:
@@ -183,9 +236,19 @@ def main(args) -> int:
           f"{out['vs_oracle']:.4f}x the oracle ({out['oracle_vs_plain']:.4f}x plain)")
     print("  fixed arms: " + ", ".join(f"{a} {v:.4f}x" for a, v in out["fixed_vs_plain"].items()))
     print("  requests served: " + ", ".join(f"{a} {n:g}" for a, n in out["choices"].items()))
+    start = None
     if args.fit_prior:
-        for arm, fit in fit_prior(bench, requests, classifier, model).items():
+        fits = fit_prior(bench, requests, classifier, model)
+        start = {arm: (fit["intercept"], fit["temperature"]) for arm, fit in fits.items()}
+        for arm, fit in fits.items():
             print(f"  prior for {arm} ({fit['kind']}, {fit['requests']} requests): intercept {fit['intercept']:g}, "
                   f"temperature slope {fit['temperature']:g} (now {fit['prior'][0]:g}, {fit['prior'][1]:g}; "
                   f"squared log error {fit['loss']:g} against {fit['prior_loss']:g})")
+    if args.fit_prior_value:
+        fit = fit_prior_by_value(bench, requests, classifier, model, rules, start=start,
+                                 log=lambda m: print(m, file=sys.stderr))
+        for arm, d in fit["drafts"].items():
+            print(f"  prior by value for {arm} ({d['kind']}): intercept {d['intercept']:g}, temperature slope "
+                  f"{d['temperature']:g} (from {d['prior'][0]:g}, {d['prior'][1]:g})")
+        print(f"  replayed with them: {fit['replayed']:.4f}x plain against {fit['prior_replayed']:.4f}x")
     return 0

@@ -122,3 +122,33 @@ def test_the_command_prints_the_ratios_and_refuses_a_missing_file(run, capsys):
     path.write_text(json.dumps(bench))
     assert cli.main(["bench-replay", str(path)]) == 2
     assert "two fixed arms of one draft" in capsys.readouterr().err
+
+
+def test_the_prior_chosen_by_value_reaches_the_oracle_a_temperature_slope_can_reach(run):
+    """--fit-prior-value: the drafts' intercepts and slopes searched together by replayed
+    speed. Here lookup wins at T=0 and the head at T=0.7 (request 1); started where the
+    head is never chosen (request 1 goes plain), the search finds coefficients that choose
+    as the oracle, and the speed it reports is what a policy with them replays at."""
+    from policy.model import PolicyModel
+    from policy.rules import NO_RULES
+
+    bench, _, _ = run
+    requests = replay.workload_of(bench)
+    clf, model = CategoryClassifier.load(), prior_model()
+    model.explore = 0.0  # the mean's choice: one arm per request, no draws to average
+    lookup = prior_draft("ngram").accept_coef
+    start = {"ngram:8": (lookup[INTERCEPT], lookup[TEMPERATURE]), "eagle:6": (-2.0, 0.0)}
+    fit = replay.fit_prior_by_value(bench, requests, clf, model, NO_RULES, draws=3, rounds=3, start=start)
+    oracle = (60 + 40 + 78) / (2.0 + 1.0 + 2.6) / _speed(0)
+    assert fit["prior_replayed"] < oracle - 0.05  # request 1 served plain from there
+    assert fit["replayed"] == pytest.approx(oracle)
+    assert fit["drafts"]["eagle:6"]["prior"] == [-2.0, 0.0] and fit["drafts"]["eagle:6"]["kind"] == "eagle"
+    drafts = {}
+    for arm, d in fit["drafts"].items():
+        prior = prior_draft(d["kind"])
+        w = list(prior.accept_coef)
+        w[INTERCEPT], w[TEMPERATURE] = d["intercept"], d["temperature"]
+        drafts[arm.split(":")[0]] = DraftModel(w, None, prior.cost_coef, prior.overhead_steps,
+                                               prior.overhead_per_prompt_token)
+    again = replay.replay(bench, requests, PolicyModel("fit", drafts, 0.0), NO_RULES, clf, draws=3)
+    assert again["vs_plain"] == pytest.approx(fit["replayed"]) and again["choices"] == {"ngram:8": 2, "eagle:6": 1}
