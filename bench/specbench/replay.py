@@ -151,8 +151,8 @@ def fit_prior_by_value(bench: dict, requests, classifier, model, rules, draws: i
     """Every fixed draft's prior intercept and temperature slope chosen together by
     the replayed speed of the policy they make (Thompson draws included): a
     coordinate search from `start` (arm -> intercept and slope; by default the
-    prior's values), steps of 0.2-0.8 in logit halving
-    after the first round, keeping any step that raises the speed. Least squares
+    prior's values), steps of 0.2-0.8 in logit divided by the round's number,
+    keeping any step that raises the speed. Least squares
     (fit_prior) prices each draft's speed on its own and can still rank the drafts
     badly; this ranks them for the decisions the run measured, and so fits a run's
     luck more readily: judge it by replaying other runs."""
