@@ -106,6 +106,18 @@ def replay(bench: dict, requests, model, rules, classifier, draws: int = 200, se
                 choices={a: round(n, 1) for a, n in shares.most_common()})
 
 
+def with_level(prior, intercept: float, slope: float):
+    """The prior draft model with its acceptance intercept and temperature slope replaced
+    (what both fits search over; its other coefficients stay)."""
+    import dataclasses
+
+    from policy.model import INTERCEPT, TEMPERATURE
+
+    w = list(prior.accept_coef)
+    w[INTERCEPT], w[TEMPERATURE] = intercept, slope
+    return dataclasses.replace(prior, accept_coef=w, accept_cov=None)
+
+
 def fit_prior(bench: dict, requests, classifier, model) -> dict[str, dict]:
     """Each fixed draft's prior intercept and temperature slope (policy/model.py::prior_draft),
     fit by least squares on log speedup over plain to the run's measurements; the prior's
@@ -114,7 +126,7 @@ def fit_prior(bench: dict, requests, classifier, model) -> dict[str, dict]:
     from scipy.optimize import minimize
 
     from engines.arms import Arm, DraftKind
-    from policy.model import INTERCEPT, TEMPERATURE, DraftModel, prior_of, speedups_at
+    from policy.model import INTERCEPT, TEMPERATURE, prior_of, speedups_at
 
     st = bench["settings"]
     ms = measured(bench)
@@ -128,9 +140,7 @@ def fit_prior(bench: dict, requests, classifier, model) -> dict[str, dict]:
                 (r.idx, "plain") in ms]
 
         def loss(p, prior=prior, rows=rows, gamma=a.gamma):
-            w = list(prior.accept_coef)
-            w[INTERCEPT], w[TEMPERATURE] = p
-            m = DraftModel(w, None, prior.cost_coef, prior.overhead_steps, prior.overhead_per_prompt_token)
+            m = with_level(prior, *p)
             err = 0.0
             for f, mine, plain in rows:
                 real = s_per_token(plain) / s_per_token(mine)
@@ -156,8 +166,6 @@ def fit_prior_by_value(bench: dict, requests, classifier, model, rules, draws: i
     (fit_prior) prices each draft's speed on its own and can still rank the drafts
     badly; this ranks them for the decisions the run measured, and so fits a run's
     luck more readily: judge it by replaying other runs."""
-    import dataclasses
-
     from engines.arms import Arm, DraftKind
     from policy.model import INTERCEPT, TEMPERATURE, PolicyModel, prior_of
 
@@ -167,11 +175,7 @@ def fit_prior_by_value(bench: dict, requests, classifier, model, rules, draws: i
              for d, m in priors.items()}
 
     def value(params: dict) -> float:
-        drafts = {}
-        for d, (i, t) in params.items():
-            w = list(priors[d].accept_coef)
-            w[INTERCEPT], w[TEMPERATURE] = i, t
-            drafts[d] = dataclasses.replace(priors[d], accept_coef=w, accept_cov=None)
+        drafts = {d: with_level(priors[d], i, t) for d, (i, t) in params.items()}
         policy = PolicyModel(model.version, drafts, model.explore, output_tokens=model.output_tokens)
         return replay(bench, requests, policy, rules, classifier, draws)["vs_plain"]
 
