@@ -32,6 +32,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                                      "curve; JSON, Markdown and plots"),
     "bench-replay": ("bench.specbench.replay", "what a policy would have realised on a bench run's concurrency-1 "
                                                "requests, offline"),
+    "bench-gate": ("bench.specbench.gate", "the retrainer's promotion gate replayed on learning streams priced by "
+                                           "bench runs' measurements, offline"),
     "bench-engine": ("bench.engine", "every arm against plain and HF generate on Spec-Bench prompts"),
     "bench-load": ("bench.load", "throughput and latency of every arm at concurrency 1..32"),
     "bench-gateway": ("bench.gateway", "gateway added latency and echo-engine throughput"),
