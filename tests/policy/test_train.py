@@ -240,3 +240,52 @@ def test_a_busy_spell_does_not_teach_idle_requests_that_a_draft_never_pays():
     assert abs(mixed.draft("draft").alpha(f) - alone.draft("draft").alpha(f)) < 0.02
     assert mixed.draft("draft").coverage(x) == pytest.approx(alone.draft("draft").coverage(x), abs=0.02)
     assert mixed.draft("draft").coverage(x) > 0.9
+
+
+def test_a_candidate_is_judged_by_outcomes_it_was_not_fit_on_not_by_its_own_predictions():
+    """The older rows say prompt lookup pays 2x on these requests; the prior, live, serves
+    them plain. Without lookup's outcomes among the newer rows nothing the candidate
+    was not fit on shows it better (scored by its own fit, it was promoted on its own
+    word); with them, it is promoted."""
+    from policy.train import judge
+
+    rng = np.random.default_rng(3)
+
+    def row(i, arm, propensity):
+        f = RequestFeatures("qa", 1.0, 1.0, 200 + i % 7, 200, 0.0)
+        step = 0.05 * float(rng.lognormal(0, 0.05))
+        if arm.is_plain:
+            return TrainingRow(f, arm, propensity, 200, 199, 199 * step, request_id=f"r{i}")
+        # 4 drafts, 3 accepted per round (α 0.75): 50 rounds of 1.2 plain steps for 199 tokens
+        return TrainingRow(f, arm, propensity, 200, 50, 50 * 1.2 * step, request_id=f"r{i}", trials=200,
+                           accepted=150, verified=200, verifying_rounds=50)
+
+    lookup, plain = Arm("ngram", 4), Arm()
+    live = prior_model()
+    assert greedy_arm(live, row(0, plain, 1.0).features, ARMS) == plain  # the prior's lookup: α ≈ 0.04 at T=1
+    older = [row(i, lookup if i % 2 else plain, 0.5) for i in range(280)]
+    unseen = older + [row(280 + i, plain, 1.0) for i in range(120)]
+    _, decision = judge(unseen, live, ARMS)
+    assert decision["evaluated_rows"] == 120 and decision["agreement"] == 0.0
+    assert not decision["promoted"] and decision["difference"] < 0
+    seen = older + [row(280 + i, lookup if i % 2 else plain, 0.5) for i in range(120)]
+    _, decision = judge(seen, live, ARMS)
+    assert decision["promoted"] and decision["lower_bound"] > 0.5
+
+
+def test_a_rows_own_outcome_does_not_price_the_arms_it_did_not_serve():
+    """cross_fitted: where a policy chooses other than the logged arm, the row's estimate
+    comes from a reward model fit on the other fold, so its own outcome cannot move it
+    (an in-sample reward model would be pulled towards it)."""
+    from policy.train import cross_fitted, plain_step_model
+
+    rows = simulate(400, seed=4)
+    model = fit(simulate(3000, seed=5))
+    step = plain_step_model(rows)
+    (values, choices), = cross_fitted(rows, [model], ARMS, step)
+    order = rows[0::2] + rows[1::2]  # fold by fold
+    k = next(i for i, (r, c) in enumerate(zip(order, choices)) if c != r.arm and r.arm.draft == c.draft)
+    changed = [dataclasses.replace(r, decode_s=r.decode_s * 0.5) if r is order[k] else r for r in rows]
+    (again, again_choices), = cross_fitted(changed, [model], ARMS, step)
+    assert again_choices == choices and again[k] == values[k]
+    assert not np.array_equal(again, values)  # it still prices its draft for the other fold
