@@ -46,7 +46,7 @@ def main(args) -> int:
     from engines.api import GenerationStats
     from policy.decide import Decision
     from policy.model import prior_model
-    from policy.train import fit, offline_value
+    from policy.train import judge
     from telemetry.artifacts import ModelWatcher, publish
     from telemetry.outcomes import RedisOutcomeSink
     from telemetry.record import OutcomeRecord
@@ -56,13 +56,11 @@ def main(args) -> int:
 
     rows = synthetic_rows(args.rows)
     arms = ArmMenu(("ngram", "selfspec"), 1, 8).all_arms()
-    t0 = time.perf_counter()
-    model = fit(rows)
-    t1 = time.perf_counter()
-    cand, live = offline_value(model, rows, arms), offline_value(prior_model(), rows, arms)
-    t2 = time.perf_counter()
-    print(f"retrain on {len(rows)} outcomes: fit {t1 - t0:.2f} s + offline evaluation {t2 - t1:.2f} s "
-          f"= {t2 - t0:.2f} s (offline value {cand:.3f} vs prior {live:.3f})")
+    t0 = time.perf_counter()  # what the retrainer runs: fit on the older 70%, judge on the rest, refit on all
+    model, decision = judge(rows, prior_model(), arms)
+    print(f"retrain on {len(rows)} outcomes (a candidate judged against the prior and refit): "
+          f"{time.perf_counter() - t0:.2f} s (value {decision['candidate_value']} vs {decision['live_value']} on "
+          f"{decision['evaluated_rows']} newer rows, promoted: {decision['promoted']})")
 
     server = PrivateRedis()
     try:

@@ -10,4 +10,5 @@ JSON, a Markdown report and PNG plots.
     report.py     Markdown and plots
     cli.py        arguments and the order of the phases
     replay.py     `specgate bench-replay`: a run's concurrency-1 requests priced for any policy, offline
+    gate.py       `specgate bench-gate`: the retrainer's promotion gate on learning streams priced by runs
 """

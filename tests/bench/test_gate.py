@@ -65,7 +65,9 @@ def test_the_runs_mean_prices_a_model_and_a_measurement_becomes_a_training_row(t
     assert row.decode_s == pytest.approx(raw["latency_s"] - 0.1) and row.propensity == 0.5
 
 
-def test_a_start_that_never_drafts_is_replaced_where_drafts_pay_and_a_bad_run_is_refused(tmp_path, capsys):
+def test_a_start_that_never_drafts_is_not_replaced_on_the_priors_word_and_a_bad_run_is_refused(tmp_path, capsys):
+    """Drafts run ~2x plain in these runs, but a live model that never drafts gathers no
+    outcome of one: the judge will not let the prior alone vouch for a candidate's drafts."""
     _run(tmp_path, "a", 3.0, 2.0)
     _run(tmp_path, "b", 4.0, 1.8)
     start = tmp_path / "start.json"
@@ -77,11 +79,20 @@ def test_a_start_that_never_drafts_is_replaced_where_drafts_pay_and_a_bad_run_is
     printed = capsys.readouterr().out
     assert "2 streams of 60 requests over 3 requests of 2 run(s), from plain-only (1.0000x plain" in printed
     result = json.loads(out.read_text())
-    assert result["summary"]["streams_promoting"] == 2 and result["summary"]["final_min"] > 1.5
-    first = result["streams"][0]["promotions"][0]
-    assert first["at"] == 40 and first["replaced"] == pytest.approx(1.0) and first["replayed"] > 1.5
+    assert result["summary"]["streams_promoting"] == 0 and result["summary"]["final_max"] == pytest.approx(1.0)
     bench = json.loads((tmp_path / "b.json").read_text())
     bench["settings"]["modes"] = ["plain", "ngram:8", "adaptive"]  # not the other run's arms
     (tmp_path / "b.json").write_text(json.dumps(bench))
     assert cli.main(args) == 2
     assert "one set of arms" in capsys.readouterr().err
+
+
+def test_the_summary_counts_promotions_that_chose_worse_and_streams_that_ended_slower():
+    streams = [dict(seed=0, promotions=[], final=None),
+               dict(seed=1, promotions=[dict(replaced=1.2, replayed=1.1), dict(replaced=1.1, replayed=1.25)],
+                    final=1.25),
+               dict(seed=2, promotions=[dict(replaced=1.2, replayed=1.15)], final=1.15)]
+    out = gate.summarise(streams, start=1.2)
+    assert (out["streams_promoting"], out["promotions"], out["promotions_slower"], out["streams_ending_slower"]) == (
+        2, 3, 2, 1)
+    assert out["final_mean"] == pytest.approx((1.2 + 1.25 + 1.15) / 3) and out["final_min"] == 1.15

@@ -245,8 +245,8 @@ def test_a_busy_spell_does_not_teach_idle_requests_that_a_draft_never_pays():
 def test_a_candidate_is_judged_by_outcomes_it_was_not_fit_on_not_by_its_own_predictions():
     """The older rows say prompt lookup pays 2x on these requests; the prior, live, serves
     them plain. Without lookup's outcomes among the newer rows nothing the candidate
-    was not fit on shows it better (scored by its own fit, it was promoted on its own
-    word); with them, it is promoted."""
+    was not fit on prices its choice, and it is not promoted (scored by its own fit, it
+    was promoted on its own word; priced by the prior, on the prior's); with them, it is."""
     from policy.train import judge
 
     rng = np.random.default_rng(3)
@@ -263,14 +263,14 @@ def test_a_candidate_is_judged_by_outcomes_it_was_not_fit_on_not_by_its_own_pred
     lookup, plain = Arm("ngram", 4), Arm()
     live = prior_model()
     assert greedy_arm(live, row(0, plain, 1.0).features, ARMS) == plain  # the prior's lookup: α ≈ 0.04 at T=1
-    older = [row(i, lookup if i % 2 else plain, 0.5) for i in range(280)]
+    older = [row(i, lookup if i % 3 else plain, 0.5) for i in range(280)]
     unseen = older + [row(280 + i, plain, 1.0) for i in range(120)]
     _, decision = judge(unseen, live, ARMS)
     assert decision["evaluated_rows"] == 120 and decision["agreement"] == 0.0
-    assert not decision["promoted"] and decision["difference"] < 0
-    seen = older + [row(280 + i, lookup if i % 2 else plain, 0.5) for i in range(120)]
+    assert (decision["prior_priced"], decision["promoted"], decision["tested"]) == (1.0, False, False)
+    seen = older + [row(280 + i, lookup if i % 3 else plain, 0.5) for i in range(120)]  # both halves hold both
     _, decision = judge(seen, live, ARMS)
-    assert decision["promoted"] and decision["lower_bound"] > 0.5
+    assert decision["promoted"] and decision["lower_bound"] > 0.5 and decision["prior_priced"] == 0.0
 
 
 def test_a_rows_own_outcome_does_not_price_the_arms_it_did_not_serve():
@@ -282,10 +282,10 @@ def test_a_rows_own_outcome_does_not_price_the_arms_it_did_not_serve():
     rows = simulate(400, seed=4)
     model = fit(simulate(3000, seed=5))
     step = plain_step_model(rows)
-    (values, choices), = cross_fitted(rows, [model], ARMS, step)
+    (values, choices, _), = cross_fitted(rows, [model], ARMS, step)
     order = rows[0::2] + rows[1::2]  # fold by fold
     k = next(i for i, (r, c) in enumerate(zip(order, choices)) if c != r.arm and r.arm.draft == c.draft)
     changed = [dataclasses.replace(r, decode_s=r.decode_s * 0.5) if r is order[k] else r for r in rows]
-    (again, again_choices), = cross_fitted(changed, [model], ARMS, step)
+    (again, again_choices, _), = cross_fitted(changed, [model], ARMS, step)
     assert again_choices == choices and again[k] == values[k]
     assert not np.array_equal(again, values)  # it still prices its draft for the other fold

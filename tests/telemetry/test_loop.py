@@ -18,6 +18,7 @@ from engines.arms import ArmMenu
 from gateway.pb import specgate_pb2 as pb
 from policy.decide import Decision
 from policy.model import prior_model
+from policy.train import fit
 from telemetry.artifacts import ModelWatcher, publish
 from telemetry.otel import Instrumentation
 from telemetry.outcomes import STREAM, RedisOutcomeSink
@@ -85,12 +86,14 @@ def test_retrain_promote_and_the_running_gateway_serves_the_new_version(rclient,
 def test_judgements_against_one_live_model_are_counted_and_a_promotion_starts_afresh(rclient, redis_server):
     client = redis.Redis.from_url(redis_server.url)
     retrainer = Retrainer(client, KEY, arms=ArmMenu(("ngram", "draft"), 1, 8), every=100, min_rows=100)
-
-    for r in synthetic_records(300):
+    # live: a model as good as any the rows can fit; enough rows that each half of the newer
+    # ones fits both drafts (else the prior alone prices the differences, and nothing is tested)
+    publish(client, fit(world_outcomes(3000, seed=5), version="v-live"), KEY)
+    for r in synthetic_records(600):
         client.xadd(STREAM, {"v": "2", "id": r.request_id, "record": r.to_json()})
     while retrainer.consume(block_ms=100):
         pass
-    for _ in range(3):  # too little to show a gain: the same candidate judged three times
+    for _ in range(3):  # no gain to show: the same candidate judged three times
         retrainer.maybe_retrain(force=True)
     early = retrainer.decisions[:3]
     assert [(d["attempt"], d["tested"], d["promoted"]) for d in early] == [(k, True, False) for k in (1, 2, 3)]
