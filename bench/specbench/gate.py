@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.specbench.replay import ADAPTIVE, features_of, measured, replay, workload_of
+from bench.specbench.replay import features_of, fixed_menu, measured, replay, workload_of
 from bench.specbench.workload import WorkloadError
 
 
@@ -58,17 +58,10 @@ class GateReplay:
     """The runs, their requests and the menu: streams to serve and models to price."""
 
     def __init__(self, benches: list[dict], requests, rules, classifier, draws: int = 40):
-        from engines.arms import Arm, ArmMenu
-
         modes = [tuple(b["settings"]["modes"]) for b in benches]
         if len(set(modes)) > 1 or any(b["requests"] != benches[0]["requests"] for b in benches):
             raise ValueError("the runs do not share one workload and one set of arms")
-        fixed = [a for a in modes[0] if a != ADAPTIVE]
-        self.by_draft = {Arm.parse(a).draft: a for a in fixed}  # None: plain
-        if len(self.by_draft) < len(fixed):
-            raise ValueError(f"two fixed arms of one draft among {fixed}: which would a choice of it read as?")
-        self.arms = ArmMenu(tuple(d for d in self.by_draft if d), 1, max(Arm.parse(a).gamma for a in fixed),
-                            adaptive=True)
+        fixed, self.by_draft, self.arms = fixed_menu(modes[0])
         self.measured = [measured(b) for b in benches]
         self.requests = [r for r in requests if all((r.idx, a) in m for a in fixed for m in self.measured)]
         if not self.requests:

@@ -66,18 +66,25 @@ def features_of(r, settings: dict, classifier, model):
                           category_hint=r.category if settings.get("category_hints") else None)
 
 
-def replay(bench: dict, requests, model, rules, classifier, draws: int = 200, seed: int = 0) -> dict:
-    """The policy's expected tokens and seconds per request, and its ratios."""
+def fixed_menu(modes) -> tuple[list[str], dict, object]:
+    """A run's fixed arms, the one measured arm each draft's choice reads as (None:
+    plain), and the menu a policy chooses from over them (each draft with the engine
+    adapting γ up to the largest bound measured)."""
     from engines.arms import Arm, ArmMenu
-    from policy.decide import decide
 
-    fixed = [a for a in bench["settings"]["modes"] if a != ADAPTIVE]
-    by_draft = {Arm.parse(a).draft: a for a in fixed}  # None: plain
+    fixed = [a for a in modes if a != ADAPTIVE]
+    by_draft = {Arm.parse(a).draft: a for a in fixed}
     if len(by_draft) < len(fixed):  # a draft chosen at any γ reads as its one measured arm
         raise ValueError(f"two fixed arms of one draft among {fixed}: which would a choice of it read as?")
     drafts = tuple(d for d in by_draft if d is not None)
-    gamma_max = max(Arm.parse(a).gamma for a in fixed)
-    arms = ArmMenu(drafts, 1, gamma_max, adaptive=True)
+    return fixed, by_draft, ArmMenu(drafts, 1, max(Arm.parse(a).gamma for a in fixed), adaptive=True)
+
+
+def replay(bench: dict, requests, model, rules, classifier, draws: int = 200, seed: int = 0) -> dict:
+    """The policy's expected tokens and seconds per request, and its ratios."""
+    from policy.decide import decide
+
+    fixed, by_draft, arms = fixed_menu(bench["settings"]["modes"])
     ms = measured(bench)
     rng = random.Random(seed)
     st = bench["settings"]

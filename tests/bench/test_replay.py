@@ -143,12 +143,7 @@ def test_the_prior_chosen_by_value_reaches_the_oracle_a_temperature_slope_can_re
     assert fit["prior_replayed"] < oracle - 0.05  # request 1 served plain from there
     assert fit["replayed"] == pytest.approx(oracle)
     assert fit["drafts"]["eagle:6"]["prior"] == [-2.0, 0.0] and fit["drafts"]["eagle:6"]["kind"] == "eagle"
-    drafts = {}
-    for arm, d in fit["drafts"].items():
-        prior = prior_draft(d["kind"])
-        w = list(prior.accept_coef)
-        w[INTERCEPT], w[TEMPERATURE] = d["intercept"], d["temperature"]
-        drafts[arm.split(":")[0]] = DraftModel(w, None, prior.cost_coef, prior.overhead_steps,
-                                               prior.overhead_per_prompt_token)
+    drafts = {arm.split(":")[0]: replay.with_level(prior_draft(d["kind"]), d["intercept"], d["temperature"])
+              for arm, d in fit["drafts"].items()}
     again = replay.replay(bench, requests, PolicyModel("fit", drafts, 0.0), NO_RULES, clf, draws=3)
     assert again["vs_plain"] == pytest.approx(fit["replayed"]) and again["choices"] == {"ngram:8": 2, "eagle:6": 1}
