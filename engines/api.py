@@ -70,6 +70,11 @@ class GenerationStats:
     # serving engine's response), estimated (from its metrics counters), unknown (drafted/accepted left empty)
     ttft_s: float = 0.0  # from start of service (after queue) to first token
     total_s: float = 0.0  # from start of service to the last token
+    # seconds its drafting and verification added to the steps it ran in: drafting and judging
+    # timed, verification's extra forward time priced by the engine's step-cost model. Less than
+    # the decode time by what the same rounds would have cost undrafted: the learner's yardstick
+    # where plain requests are few. None: the serving engine does not say.
+    speculation_s: float | None = None
 
     @property
     def drafted(self) -> int:

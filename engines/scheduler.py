@@ -83,7 +83,7 @@ class Scheduler:
         seed = sp.seed if sp.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
         now = time.perf_counter()
         stats = GenerationStats(arm=req.arm.name, seed=seed, prompt_tokens=len(handle.prompt_ids),
-                                queue_s=now - handle.enqueued_at)
+                                queue_s=now - handle.enqueued_at, speculation_s=0.0)
         cache = self.model.new_cache(reserved)
         proposer = self.drafts[req.arm.draft](reserved) if not req.arm.is_plain else None
         fixed = req.fixed_gamma or not self.adaptive
@@ -135,6 +135,8 @@ class Scheduler:
         else:
             outs, states = self.model.forward_many(items), [None] * len(items)
         t2 = time.perf_counter()
+        sizes = [it[0].shape[0] for it in items]
+        tokens, rows, multi = sum(sizes), len(items), sum(n > 1 for n in sizes)
         judging_s = 0.0  # judging verified drafts (sampling, calibration): every row waits for it too
         for plan, logits, st in zip(plans, outs, states):
             ta = time.perf_counter()
@@ -143,9 +145,12 @@ class Scheduler:
             except Exception as e:  # noqa: BLE001 - one row's sampling or bookkeeping fails its own request only
                 self._fail(plan.row, e)
             if plan.kind == "verify":
-                judging_s += time.perf_counter() - ta
-        sizes = [it[0].shape[0] for it in items]
-        tokens, rows, multi = sum(sizes), len(items), sum(n > 1 for n in sizes)
+                judged = time.perf_counter() - ta
+                judging_s += judged
+                # its own verification's share of the forward, priced (never more than the forward
+                # took: the model is a fit), and its judging, timed
+                extra = self.cost.step(tokens, rows, multi) - self.cost.step(tokens - plan.take, rows, multi - 1)
+                plan.row.stats.speculation_s += judged + min(max(extra, 0.0), t2 - t1)
         if self._room is not None:
             # what drafting and judging (timed) and verification (priced) added to a step every row waited for
             added = max(self.cost.step(tokens, rows, multi) - self._base[0], 0.0) + drafting_s + judging_s
@@ -295,7 +300,9 @@ class Scheduler:
                 except Exception as e:  # noqa: BLE001 - one broken proposer fails its own request only
                     self._fail(r, e)
                     continue
-                self._time_drafting(r, time.perf_counter() - t0, [out[id(r)]])
+                dt = time.perf_counter() - t0
+                r.stats.speculation_s += dt
+                self._time_drafting(r, dt, [out[id(r)]])
                 continue
             groups.setdefault(id(key), []).append((r, k))
         for group in groups.values():
@@ -308,7 +315,10 @@ class Scheduler:
                 for r, _ in group:
                     self._fail(r, e)
                 continue
-            self._time_drafting(group[0][0], time.perf_counter() - t0, props)
+            dt = time.perf_counter() - t0
+            for r, _ in group:  # drafted together: each row's share
+                r.stats.speculation_s += dt / len(group)
+            self._time_drafting(group[0][0], dt, props)
             out.update((id(r), p) for (r, _), p in zip(group, props))
         return {i: p for i, p in out.items() if p.token_ids.numel()}
 

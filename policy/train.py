@@ -75,6 +75,7 @@ class TrainingRow:
     accepted: int = 0
     verified: int = 0  # draft tokens sent to verification
     verifying_rounds: int | None = None  # rounds that verified a draft; None: not known for every round
+    plain_s: float | None = None  # what the same rounds would have taken undrafted (the engine's word); None: unknown
 
     @property
     def load(self) -> int:
@@ -102,10 +103,19 @@ def alpha_from_tokens_per_round(tpr: float, gamma: int) -> float:
 
 
 def plain_step_model(rows: list[TrainingRow]) -> np.ndarray:
-    """Seconds per plain decode step as a + b · load, from plain rows."""
+    """Seconds per plain decode step as a + b · load, from plain rows and from the rows
+    whose engine says what their rounds would have taken undrafted. Without either it
+    is a guess (50 ms), against which every row's speed and every draft's cost are
+    misjudged: a policy that always drafts sends no plain rows, and a bad start that
+    served prompt lookup throughout was priced so that the judge could not tell a
+    candidate 4% faster from it (`specgate bench-gate`, README)."""
     x, y, w = [], [], []
     for r, tw in zip(rows, tenant_weights(rows)):
-        if r.arm.is_plain and r.output_tokens > 1 and r.decode_s > 0:
+        if r.plain_s is not None and r.rounds > 0 and r.plain_s > 0:
+            x.append([1.0, r.load])
+            y.append(r.plain_s / r.rounds)
+            w.append(r.rounds * tw)
+        elif r.arm.is_plain and r.output_tokens > 1 and r.decode_s > 0:
             x.append([1.0, r.load])
             y.append(r.decode_s / (r.output_tokens - 1))
             w.append(r.output_tokens * tw)
@@ -186,7 +196,7 @@ def fit_cost(rows: list[TrainingRow], weights: list[float], step: np.ndarray, pr
 
     k = np.array([(r.verified or r.rounds * r.arm.gamma) / r.rounds for r in rows])
     load = np.array([r.load for r in rows], dtype=float)
-    plain = np.maximum(step[0] + step[1] * load, 1e-6)
+    plain = np.array([plain_step(r, step) for r in rows])
     y = np.array([r.decode_s / r.rounds for r in rows]) / plain - 1.0
     w = np.array([r.rounds for r in rows]) * np.asarray(weights)
     a0, b0, e0 = prior.cost_coef
@@ -234,10 +244,17 @@ def fit(rows: list[TrainingRow], version: str | None = None, explore: float = 1.
     return model
 
 
+def plain_step(row: TrainingRow, step: np.ndarray) -> float:
+    """Seconds of a plain step for this row: its own rounds undrafted where its engine
+    said so (the machine's pace and the batch it ran in included), else `step` at its load."""
+    if row.plain_s is not None and row.plain_s > 0 and row.rounds > 0:
+        return row.plain_s / row.rounds
+    return max(float(step @ [1.0, row.load]), 1e-6)
+
+
 def observed_speed(row: TrainingRow, step: np.ndarray) -> float:
     """A row's speed relative to plain at its load: plain step time x tokens / time."""
-    plain_step = max(float(step @ [1.0, row.load]), 1e-6)
-    return plain_step * max(row.output_tokens - 1, 1) / max(row.decode_s, 1e-9)
+    return plain_step(row, step) * max(row.output_tokens - 1, 1) / max(row.decode_s, 1e-9)
 
 
 def predicted(model: PolicyModel, f: RequestFeatures, arm: Arm, kind_of: KindOf = DraftKind.guess) -> float:

@@ -18,6 +18,7 @@ typed sections, is still read):
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field, fields
 
@@ -53,6 +54,7 @@ class ResultRecord:
     ttft_s: float = 0.0
     finish_reason: str = ""
     acceptance_source: str = "measured"
+    speculation_s: float | None = None  # what drafting and verification added (engines.api.GenerationStats)
 
     @property
     def drafted(self) -> int:
@@ -73,7 +75,8 @@ class ResultRecord:
             drafted_per_round=list(stats.drafted_per_round), verified_per_round=list(stats.verified_per_round),
             accepted_per_round=list(stats.accepted_per_round), prefill_s=stats.prefill_s,
             decode_s=max(stats.total_s - stats.prefill_s, 0.0), total_s=stats.total_s, queue_s=stats.queue_s,
-            ttft_s=ttft_s, finish_reason=stats.finish_reason, acceptance_source=stats.acceptance_source)
+            ttft_s=ttft_s, finish_reason=stats.finish_reason, acceptance_source=stats.acceptance_source,
+            speculation_s=stats.speculation_s)
 
 
 _RESULT_FIELDS = {f.name for f in fields(ResultRecord)}
@@ -167,7 +170,11 @@ class OutcomeRecord:
                     accepted += a
                     verified += v
                     verifying += 1
+        spec = r.speculation_s
+        # the same rounds undrafted; a report that would make them nearly free is not believed
+        plain_s = (min(max(r.decode_s - spec, 0.2 * r.decode_s), r.decode_s)
+                   if isinstance(spec, (int, float)) and math.isfinite(spec) else None)
         return TrainingRow(features=self.features, arm=self.decision.arm, propensity=self.decision.propensity,
                            output_tokens=r.output_tokens, rounds=r.rounds, decode_s=r.decode_s, tenant=self.tenant,
                            request_id=self.request_id, trials=trials, accepted=accepted, verified=verified,
-                           verifying_rounds=verifying if covered else None)
+                           verifying_rounds=verifying if covered else None, plain_s=plain_s)

@@ -274,23 +274,25 @@ def world_context(rng):
                            copy_signal=COPY[cat], running=1, waiting=rng.choice([0, 0, 1, 3, 7, 15, 31]))
 
 
-def world_outcomes(n, seed):
-    """Uniformly random arms (propensity 1/|arms|), noisy outcomes."""
+def world_outcomes(n, seed, step_s=0.05, arms=WORLD_ARMS, undrafted=False):
+    """Uniformly random `arms` (propensity 1/|arms|), noisy outcomes, a plain step of
+    `step_s` when idle; `undrafted`: each row says what its rounds took undrafted."""
     rng = random.Random(seed)
     nrng = np.random.default_rng(seed)
     rows = []
     for _ in range(n):
         f = world_context(rng)
-        arm = rng.choice(WORLD_ARMS)
+        arm = rng.choice(arms)
         out = 200
-        step = 0.05 * (1 + 0.03 * f.load) * nrng.lognormal(0, 0.05)
+        step = step_s * (1 + 0.03 * f.load) * nrng.lognormal(0, 0.05)
         if arm.is_plain:
             rounds, secs = out - 1, (out - 1) * step
         else:
             tau = expected_tokens_per_round(world_alpha(arm.draft, f), arm.gamma) * nrng.lognormal(0, 0.08)
             rounds = max(1, round((out - 1) / tau))
             secs = rounds * world_cost(arm.draft, arm.gamma, f.load) * step
-        rows.append(TrainingRow(f, arm, 1 / len(WORLD_ARMS), out, rounds, secs, request_id=f"w{seed}-{len(rows)}"))
+        rows.append(TrainingRow(f, arm, 1 / len(arms), out, rounds, secs, request_id=f"w{seed}-{len(rows)}",
+                                plain_s=rounds * step if undrafted else None))
     return rows
 
 

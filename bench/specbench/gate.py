@@ -12,9 +12,11 @@ model a stream promotes, and the one it ends with, is priced by replaying it on
 the runs' mean measurements (bench/specbench/replay.py): did the gate make the
 policy faster or slower than the model it replaced?
 
-Its limits: a measurement keeps its totals, not its rounds, so the tokens a
-round tried are taken as those it accepted plus one rejection per round that
-drafted more than it kept; outcomes carry no load; and the streams reuse the
+Each outcome says what its rounds would have taken undrafted, from the same
+run's plain measurement of the request (the built-in engine reports its
+speculation's cost for this). Its limits: a measurement keeps its totals, not
+its rounds, so the tokens a round tried are taken as those it accepted plus one
+rejection per round that drafted more than it kept; outcomes carry no load; and the streams reuse the
 runs' few requests, so a model is judged on requests it has seen.
 """
 
@@ -42,16 +44,21 @@ def mean_run(benches: list[dict]) -> dict:
     return dict(benches[0], measurements=mean)
 
 
-def training_row(features, decision, m: dict, request_id: str):
-    """What the retrainer would learn from a request served as measurement `m`."""
+def training_row(features, decision, m: dict, request_id: str, plain: dict | None = None):
+    """What the retrainer would learn from a request served as measurement `m`; `plain`,
+    the same run's plain measurement of the request, says what its rounds would have
+    taken undrafted (what the built-in engine reports as its speculation's cost)."""
     from policy.train import TrainingRow
 
     rounds, accepted, drafted = max(int(m["rounds"]), 1), int(m["accepted"]), int(m["drafted"])
+    plain_s = None
+    if plain is not None and plain["output_tokens"] > 1:
+        plain_s = rounds * (plain["latency_s"] - plain.get("ttft_s", 0.0)) / (plain["output_tokens"] - 1)
     return TrainingRow(features=features, arm=decision.arm, propensity=decision.propensity,
                        output_tokens=int(m["output_tokens"]), rounds=rounds,
                        decode_s=max(m["latency_s"] - m.get("ttft_s", 0.0), 1e-3), request_id=request_id,
                        trials=accepted + min(rounds, max(drafted - accepted, 0)), accepted=accepted,
-                       verified=drafted)
+                       verified=drafted, plain_s=plain_s)
 
 
 class GateReplay:
@@ -86,8 +93,9 @@ class GateReplay:
         for k, r in enumerate(order[:requests]):
             f = features_of(r, self.settings, self.classifier, live)
             d = decide(f, self.rules, live, rng, self.arms)
-            m = rng.choice(self.measured)[(r.idx, self.by_draft[d.arm.draft])]
-            rows.append(training_row(f, d, m, f"{seed}-{k}"))
+            run = rng.choice(self.measured)
+            rows.append(training_row(f, d, run[(r.idx, self.by_draft[d.arm.draft])], f"{seed}-{k}",
+                                     run[(r.idx, self.by_draft[None])]))
             if len(rows) >= min_rows and (len(rows) - min_rows) % every == 0:
                 attempts[live.version] += 1
                 candidate, decision = judge(rows, live, self.arms.by_preference(), kind_of=self.arms.kind_of,

@@ -264,7 +264,7 @@ class EngineEvent(_message.Message):
     def __init__(self, text: _Optional[str] = ..., result: _Optional[_Union[EngineResult, _Mapping]] = ...) -> None: ...
 
 class EngineResult(_message.Message):
-    __slots__ = ("text", "token_ids", "finish_reason", "prompt_tokens", "output_tokens", "drafted_per_round", "accepted_per_round", "rounds", "queue_s", "prefill_s", "draft_s", "verify_s", "ttft_s", "total_s", "seed", "arm", "acceptance_source", "verified_per_round")
+    __slots__ = ("text", "token_ids", "finish_reason", "prompt_tokens", "output_tokens", "drafted_per_round", "accepted_per_round", "rounds", "queue_s", "prefill_s", "draft_s", "verify_s", "ttft_s", "total_s", "seed", "arm", "acceptance_source", "verified_per_round", "speculation_s")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -283,6 +283,7 @@ class EngineResult(_message.Message):
     ARM_FIELD_NUMBER: _ClassVar[int]
     ACCEPTANCE_SOURCE_FIELD_NUMBER: _ClassVar[int]
     VERIFIED_PER_ROUND_FIELD_NUMBER: _ClassVar[int]
+    SPECULATION_S_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     finish_reason: str
@@ -301,7 +302,8 @@ class EngineResult(_message.Message):
     arm: str
     acceptance_source: str
     verified_per_round: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., drafted_per_round: _Optional[_Iterable[int]] = ..., accepted_per_round: _Optional[_Iterable[int]] = ..., rounds: _Optional[int] = ..., queue_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., draft_s: _Optional[float] = ..., verify_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., total_s: _Optional[float] = ..., seed: _Optional[int] = ..., arm: _Optional[str] = ..., acceptance_source: _Optional[str] = ..., verified_per_round: _Optional[_Iterable[int]] = ...) -> None: ...
+    speculation_s: float
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., drafted_per_round: _Optional[_Iterable[int]] = ..., accepted_per_round: _Optional[_Iterable[int]] = ..., rounds: _Optional[int] = ..., queue_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., draft_s: _Optional[float] = ..., verify_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., total_s: _Optional[float] = ..., seed: _Optional[int] = ..., arm: _Optional[str] = ..., acceptance_source: _Optional[str] = ..., verified_per_round: _Optional[_Iterable[int]] = ..., speculation_s: _Optional[float] = ...) -> None: ...
 
 class CountTokensRequest(_message.Message):
     __slots__ = ("text",)

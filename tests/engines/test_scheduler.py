@@ -152,3 +152,25 @@ def test_cancel_frees_the_slot_at_the_next_step():
     sched.step()
     assert not sched.running and sched.kv_used == 0
     assert h.wait(1).stats.finish_reason == "cancelled"
+
+
+def test_each_request_says_what_its_drafting_and_verification_added_to_its_steps():
+    """The learner's yardstick where plain requests are few: a request's decode time
+    less what its own speculation added is what its rounds would have taken undrafted.
+    Plain rows added nothing; drafted and verified rows added some of their time, not
+    all of it; and the figure survives the worker protocol (unset: an engine that does
+    not say)."""
+    from gateway.pbconv import result_from_pb, result_pb
+
+    arms = ["plain", "half:3", "ngram:4", "plain"]
+    reqs = [dataclasses.replace(req(i, PROMPTS[i + 1], a), fixed_gamma=a != "plain") for i, a in enumerate(arms)]
+    results = run_together(make_engine(), reqs)
+    for res, arm in zip(results, arms):
+        s = res.stats
+        if arm == "plain":
+            assert s.speculation_s == 0.0
+        else:
+            assert s.drafted > 0 and 0.0 < s.speculation_s < s.total_s - s.prefill_s, (arm, s)
+        assert result_from_pb(res.request_id, result_pb(res)).stats.speculation_s == s.speculation_s
+    unsaid = dataclasses.replace(results[0], stats=dataclasses.replace(results[0].stats, speculation_s=None))
+    assert result_from_pb("x", result_pb(unsaid)).stats.speculation_s is None

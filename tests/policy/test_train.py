@@ -10,7 +10,15 @@ import pytest
 from engines.arms import Arm, DraftKind
 from policy.features import RequestFeatures
 from policy.model import PolicyModel, acceptance_features, expected_tokens_per_round, prior_model, prior_of
-from policy.train import TrainingRow, alpha_from_tokens_per_round, fit, greedy_arm, offline_value
+from policy.train import (
+    TrainingRow,
+    alpha_from_tokens_per_round,
+    fit,
+    greedy_arm,
+    observed_speed,
+    offline_value,
+    plain_step_model,
+)
 from tests.helpers import WORLD_ARMS as ARMS
 from tests.helpers import world_context as context
 from tests.helpers import world_outcomes as simulate
@@ -289,3 +297,25 @@ def test_a_rows_own_outcome_does_not_price_the_arms_it_did_not_serve():
     (again, again_choices, _), = cross_fitted(changed, [model], ARMS, step)
     assert again_choices == choices and again[k] == values[k]
     assert not np.array_equal(again, values)  # it still prices its draft for the other fold
+
+
+def test_without_plain_rows_each_rows_undrafted_time_is_the_yardstick():
+    """A policy that always drafts sends no plain rows, so the plain step is not
+    measured: priced against a guess (50 ms), a machine whose step is 80 ms had
+    every draft look slow and plain win most contexts. Rows whose engine says what
+    their rounds took undrafted are priced against that, whatever the machine."""
+    spec = [a for a in ARMS if not a.is_plain]
+    rng = random.Random(99)
+    held_out = [context(rng) for _ in range(400)]
+    hits = {}
+    for undrafted in (False, True):
+        rows = simulate(6000, seed=1, step_s=0.08, arms=spec, undrafted=undrafted)
+        step = plain_step_model(rows)
+        if undrafted:
+            assert step[0] == pytest.approx(0.08, rel=0.05)
+            assert np.median([abs(observed_speed(r, step) / true_speedup(r.arm, r.features) - 1)
+                              for r in rows[:500]]) < 0.1
+        model = fit(rows)
+        hits[undrafted] = np.mean([true_speedup(greedy_arm(model, f, ARMS), f) >=
+                                   0.98 * max(true_speedup(a, f) for a in ARMS) for f in held_out])
+    assert hits[True] >= 0.9 and hits[False] < 0.6, hits

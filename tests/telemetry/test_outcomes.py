@@ -1,6 +1,7 @@
 import json
 import time
 
+import pytest
 import redis
 
 from engines.api import GenerationStats
@@ -83,6 +84,22 @@ def test_a_training_row_says_how_many_rounds_verified_only_when_every_round_is_k
     assert OutcomeRecord.of("c2", "t", "local", f, d, partial, 0.1).training_row().verifying_rounds is None
 
 
+def test_a_training_row_takes_its_undrafted_time_from_what_the_engine_says_speculation_cost():
+    f = RequestFeatures(category="qa", temperature=0.0, top_p=1.0, prompt_tokens=30, expected_output_tokens=20,
+                        copy_signal=0.1)
+    d = Decision(Arm("ngram", 8), "policy", None, "prior", "r")
+
+    def row(spec):
+        st = GenerationStats(arm="ngram:8", output_tokens=8, rounds=5, total_s=0.6, prefill_s=0.1, speculation_s=spec)
+        rec = OutcomeRecord.from_json(OutcomeRecord.of("u", "t", "local", f, d, st, 0.1).to_json())
+        return rec.training_row()
+
+    assert row(0.15).plain_s == pytest.approx(0.35)  # the decode's 0.5 s less what drafting added
+    assert row(0.0).plain_s == pytest.approx(0.5)
+    assert row(None).plain_s is None  # a server that does not say: the plain-step model prices it
+    assert row(5.0).plain_s == pytest.approx(0.1) and row(float("nan")).plain_s is None  # not believed
+
+
 def test_records_of_schema_1_are_still_read():
     old = {"schema": 1, "request_id": "o1", "tenant": "", "engine": "local",
            "features": {"category": "qa", "temperature": 0.7, "top_p": 1.0, "prompt_tokens": 9,
@@ -90,7 +107,7 @@ def test_records_of_schema_1_are_still_read():
            "decision": {"arm": "ngram:3", "draft": "ngram", "source": "policy", "propensity": 0.5},
            "result": {"output_tokens": 30, "rounds": 12, "decode_s": 0.9, "drafted": 20, "accepted": 9}}
     row = OutcomeRecord.from_dict(old).training_row()
-    assert row.arm == Arm("ngram", 3) and row.rounds == 12 and row.propensity == 0.5
+    assert row.arm == Arm("ngram", 3) and row.rounds == 12 and row.propensity == 0.5 and row.plain_s is None
     for bad in ({**old, "schema": 99}, {**old, "decision": {"arm": "ngram:²"}}, [], {"schema": 2}):
         try:
             OutcomeRecord.from_dict(bad)
