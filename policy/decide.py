@@ -4,7 +4,9 @@ features, rules, model and rng state give the same decision.
 Rules bound the choice (or force it); the model predicts every allowed arm's
 speedup; Thompson sampling over the arms predicted within EXPLORE_FLOOR of the
 best (and, under load, not below plain) explores where the model is unsure (its
-posterior narrows with evidence, so exploration anneals by itself); the
+posterior narrows with evidence, so exploration anneals by itself); a
+small share of idle requests tries the drafts the model has no outcomes for
+(`EXPLORE_UNTRIED`), which Thompson draws around the prior seldom reach; the
 propensity of the chosen arm is logged for offline evaluation."""
 
 from __future__ import annotations
@@ -24,6 +26,12 @@ from policy.rules import RuleSet, Then
 SOURCES = ("rule", "policy", "exploration", "fallback", "request")
 EXPLORE_FLOOR = 0.75  # explored arms are predicted at least this share of the best arm's speedup
 THOMPSON_DRAWS = 64
+# Idle requests (no other in the engine) that try a draft the model prices by the prior alone, at
+# the draft's best γ: the judge promotes only on outcomes, so a draft the live model never serves
+# would otherwise never be learnt about (`specgate bench-gate --policy`: a start that never served
+# the hybrid never left it). Only drafts predicted at least UNTRIED_FLOOR over plain are tried.
+EXPLORE_UNTRIED = 0.05
+UNTRIED_FLOOR = 0.8
 PLAIN = Arm()
 # Fixed standard-normal draws (one column per draft; row 0 is the mean): a decision picks one row at random.
 _DRAWS = np.concatenate([np.zeros((1, 8)), np.random.default_rng(20261130).standard_normal((THOMPSON_DRAWS, 8))])
@@ -107,7 +115,8 @@ def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None,
                            axis=1)
     at_mean = np.round(drawn[0], 4)
     speed = dict(zip(layout.names, at_mean.tolist()))
-    best = candidates[int(at_mean.argmax())]  # ties go to the earlier candidate: plain, then ArmMenu.by_preference
+    b = int(at_mean.argmax())
+    best = candidates[b]  # ties go to the earlier candidate: plain, then ArmMenu.by_preference
 
     # Thompson sampling among the safe arms: those predicted within EXPLORE_FLOOR of
     # the best, and, when other requests share the engine's steps, none predicted
@@ -117,17 +126,30 @@ def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None,
     if features.load >= 1:  # the load seen at decision time: requests other than this one
         floor = max(floor, 1.0)
     pool = np.flatnonzero(at_mean >= floor)
-    chosen, propensity = best, 1.0
+    chosen, wins = b, None
     if strength > 0 and len(pool) > 1:
         # the index of the best pool arm under each draw; a draw taken at random decides,
         # so the share of draws an arm wins is exactly its probability of being chosen
         wins = drawn[1:, pool].argmax(axis=1)
-        i = int(wins[rng.randrange(len(wins))])
-        chosen, propensity = candidates[int(pool[i])], np.count_nonzero(wins == i) / len(wins)
+        chosen = int(pool[wins[rng.randrange(len(wins))]])
+    untried = _untried(layout, models, at_mean, b) if strength > 0 and features.load < 1 else []
+    share = EXPLORE_UNTRIED * strength if untried else 0.0
+    trying = share > 0 and rng.random() < share
+    if trying:
+        chosen = untried[rng.randrange(len(untried))]
+    # the chosen arm's probability under the mixture: Thompson's share of the draws, or the
+    # untried share split evenly, whichever picked it
+    thompson = (1.0 if chosen == b else 0.0) if wins is None else (
+        float(np.count_nonzero(pool[wins] == chosen)) / len(wins))
+    propensity = (1.0 - share) * thompson + (share / len(untried) if chosen in untried else 0.0)
+    chosen = candidates[chosen]
     explored = chosen != best
     ctx = (f"{features.category}, T={features.temperature:g}, ~{features.expected_output_tokens} tokens, "
            f"load {features.load}")
-    if explored:
+    if trying:
+        reason = (f"trying {chosen.name} ({speed[chosen.name]:.2f}x predicted), a draft this model has no "
+                  f"outcomes for, instead of {best.name} ({speed[best.name]:.2f}x) for {ctx}")
+    elif explored:
         reason = (f"exploring {chosen.name} ({speed[chosen.name]:.2f}x predicted) instead of {best.name} "
                   f"({speed[best.name]:.2f}x) for {ctx}")
     else:
@@ -138,6 +160,19 @@ def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None,
         reason += f"; guard excluded {sorted(guarded)}"
     return Decision(chosen, "exploration" if explored else "policy", predicted_speedup=speed,
                     propensity=round(propensity, 6), explored=explored, reason=reason, **base)
+
+
+def _untried(layout: _Layout, models: list, at_mean: np.ndarray, best: int) -> list[int]:
+    """Per draft the model has no outcomes for, other than the best arm's, its best
+    candidate (ties to the earlier), if predicted at least UNTRIED_FLOOR."""
+    out = []
+    for j, m in enumerate(models):
+        if m.samples == 0 and layout.draft_of[best] != j:
+            own = layout.of_draft[j]
+            i = int(own[int(at_mean[own].argmax())])
+            if at_mean[i] >= UNTRIED_FLOOR:
+                out.append(i)
+    return out
 
 
 def _guarded_drafts(f: RequestFeatures, then: Then, rng: random.Random) -> set[str]:
@@ -165,6 +200,8 @@ class _Layout:
     gamma_max: int
     columns: np.ndarray  # per speculative candidate: its column in the table's [D · γ_max] flattening
     draw_columns: np.ndarray  # per draft: its column of _DRAWS
+    draft_of: np.ndarray  # per candidate: its draft's index (plain: -1)
+    of_draft: tuple[np.ndarray, ...]  # per draft: its candidates' indices
 
 
 def _layout_for(arms: ArmMenu, then: Then, guarded: set[str]) -> _Layout:
@@ -191,7 +228,10 @@ def _layout(arms: ArmMenu, allowed: tuple[str, ...] | None, gamma: tuple[int, in
     kinds = tuple(arms.kind_of(d) for d in drafts)
     draw_columns = np.array([own[index[k.model]] if k.model in index else own[j] for j, k in enumerate(kinds)],
                             dtype=np.intp)
-    return _Layout(tuple(out), tuple(a.name for a in out), tuple(drafts), kinds, g_max, columns, draw_columns)
+    draft_of = np.array([-1] + [index[a.draft] for a in out[1:]], dtype=np.intp)
+    of_draft = tuple(np.flatnonzero(draft_of == j) for j in range(len(drafts)))
+    return _Layout(tuple(out), tuple(a.name for a in out), tuple(drafts), kinds, g_max, columns, draw_columns,
+                   draft_of, of_draft)
 
 
 def _parse_requested(text: str | None) -> Arm | None:

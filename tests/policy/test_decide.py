@@ -145,8 +145,9 @@ def test_a_hybrid_is_drawn_with_its_model_part():
     rules = parse_rules("default: {explore: 1.0}")
 
     def chosen(names, kinds=()):
-        model = PolicyModel("t", {names[0]: DraftModel(head, None, [0.0, 0.09, 0.02]),
-                                  names[1]: DraftModel(hybrid, None, [0.0, 0.09, 0.02])}, explore=1.0)
+        # fitted drafts (outcomes behind them): what is tested is the draws, not the untried share
+        model = PolicyModel("t", {names[0]: DraftModel(head, None, [0.0, 0.09, 0.02], samples=500),
+                                  names[1]: DraftModel(hybrid, None, [0.0, 0.09, 0.02], samples=500)}, explore=1.0)
         menu = ArmMenu(names, 1, 8, adaptive=True, kinds=kinds)
         return {decide(f, rules, model, random.Random(seed), menu).arm.draft for seed in range(400)}
 
@@ -235,3 +236,39 @@ def test_an_explicit_menu_offers_exactly_its_arms_within_the_rules_bounds():
     f = RequestFeatures("code", 0.0, 1.0, 100, 128, 0.5)
     d = decide(f, parse_rules("default: {gamma: {max: 5}, explore: 0.0}"), prior_model(), random.Random(0), menu)
     assert set(d.predicted_speedup) == {"plain", "ngram:2", "draft:5"}
+
+
+def test_idle_requests_try_the_drafts_the_model_has_no_outcomes_for():
+    """Thompson draws around a fit that far prefers one draft never reach a draft the
+    model prices by the prior alone, and the judge promotes only on outcomes: a small
+    share of idle requests tries each such draft (at its best γ, if predicted worth
+    trying), with the mixture's propensity logged. Under load, with exploration off,
+    or once the draft has outcomes behind it, none is tried."""
+    from policy.decide import EXPLORE_UNTRIED, UNTRIED_FLOOR
+    from policy.model import N_FEATURES, DraftModel, PolicyModel
+
+    sure = [0.0] * N_FEATURES
+    sure[-1] = 3.0  # α ≈ 0.95: prompt lookup far ahead of the head's prior
+    fitted = DraftModel(sure, None, [0.0, 0.06, 0.02], samples=500)
+    menu = ArmMenu(("ngram", "eagle", "selfspec"), 1, 8, adaptive=True)
+    f = RequestFeatures("chat", 1.0, 1.0, 300, 200, 0.1)
+    on = parse_rules("default: {explore: 1.0}")
+
+    def served(model, rules=on, running=0, n=2000):
+        ds = [decide(dataclasses.replace(f, running=running), rules, model, random.Random(s), menu) for s in range(n)]
+        return ds, {d.arm: d.propensity for d in ds}
+
+    model = PolicyModel("t", {"ngram": fitted}, explore=1.0)
+    ds, propensity = served(model)
+    speed = ds[0].predicted_speedup
+    assert speed["eagle:8"] >= UNTRIED_FLOOR > speed["selfspec:1"]  # the layers draft is not worth a try
+    tried = [d for d in ds if d.arm.draft == "eagle"]
+    assert 0.5 * EXPLORE_UNTRIED * len(ds) < len(tried) < 1.5 * EXPLORE_UNTRIED * len(ds)
+    assert {d.arm for d in tried} == {Arm("eagle", 8)} and all("no outcomes" in d.reason for d in tried)
+    assert set(propensity) == {Arm("ngram", 8), Arm("eagle", 8)}
+    assert propensity[Arm("eagle", 8)] == pytest.approx(EXPLORE_UNTRIED)
+    assert sum(propensity.values()) == pytest.approx(1.0)
+    for _, propensity in (served(model, running=2, n=300), served(model, parse_rules("default: {explore: 0}"), n=300),
+                           served(PolicyModel("t", {"ngram": fitted, "eagle": dataclasses.replace(
+                               prior_model().draft("eagle"), samples=500)}), n=300)):
+        assert propensity == {Arm("ngram", 8): 1.0}
