@@ -111,9 +111,9 @@ def plain_step_model(rows: list[TrainingRow]) -> np.ndarray:
     candidate 4% faster from it (`specgate bench-gate`, README)."""
     x, y, w = [], [], []
     for r, tw in zip(rows, tenant_weights(rows)):
-        if r.plain_s is not None and r.rounds > 0 and r.plain_s > 0:
+        if (undrafted := _undrafted_step(r)) is not None:
             x.append([1.0, r.load])
-            y.append(r.plain_s / r.rounds)
+            y.append(undrafted)
             w.append(r.rounds * tw)
         elif r.arm.is_plain and r.output_tokens > 1 and r.decode_s > 0:
             x.append([1.0, r.load])
@@ -244,12 +244,16 @@ def fit(rows: list[TrainingRow], version: str | None = None, explore: float = 1.
     return model
 
 
+def _undrafted_step(row: TrainingRow) -> float | None:
+    """Seconds per round of a row's rounds undrafted, where its engine said (None: it did not)."""
+    return row.plain_s / row.rounds if row.plain_s is not None and row.plain_s > 0 and row.rounds > 0 else None
+
+
 def plain_step(row: TrainingRow, step: np.ndarray) -> float:
     """Seconds of a plain step for this row: its own rounds undrafted where its engine
     said so (the machine's pace and the batch it ran in included), else `step` at its load."""
-    if row.plain_s is not None and row.plain_s > 0 and row.rounds > 0:
-        return row.plain_s / row.rounds
-    return max(float(step @ [1.0, row.load]), 1e-6)
+    undrafted = _undrafted_step(row)
+    return undrafted if undrafted is not None else max(float(step @ [1.0, row.load]), 1e-6)
 
 
 def observed_speed(row: TrainingRow, step: np.ndarray) -> float:

@@ -16,8 +16,9 @@ Each outcome says what its rounds would have taken undrafted, from the same
 run's plain measurement of the request (the built-in engine reports its
 speculation's cost for this). Its limits: a measurement keeps its totals, not
 its rounds, so the tokens a round tried are taken as those it accepted plus one
-rejection per round that drafted more than it kept; outcomes carry no load; and the streams reuse the
-runs' few requests, so a model is judged on requests it has seen.
+rejection per round that drafted more than it kept; outcomes carry no load; and
+the streams reuse the runs' few requests, so a model is judged on requests it
+has seen.
 """
 
 from __future__ import annotations
