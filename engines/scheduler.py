@@ -137,6 +137,7 @@ class Scheduler:
         t2 = time.perf_counter()
         sizes = [it[0].shape[0] for it in items]
         tokens, rows, multi = sum(sizes), len(items), sum(n > 1 for n in sizes)
+        priced_s = self.cost.step(tokens, rows, multi)  # this forward, as the step-cost model prices it
         judging_s = 0.0  # judging verified drafts (sampling, calibration): every row waits for it too
         for plan, logits, st in zip(plans, outs, states):
             ta = time.perf_counter()
@@ -149,11 +150,11 @@ class Scheduler:
                 judging_s += judged
                 # its own verification's share of the forward, priced (never more than the forward
                 # took: the model is a fit), and its judging, timed
-                extra = self.cost.step(tokens, rows, multi) - self.cost.step(tokens - plan.take, rows, multi - 1)
+                extra = priced_s - self.cost.step(tokens - plan.take, rows, multi - 1)
                 plan.row.stats.speculation_s += judged + min(max(extra, 0.0), t2 - t1)
         if self._room is not None:
             # what drafting and judging (timed) and verification (priced) added to a step every row waited for
-            added = max(self.cost.step(tokens, rows, multi) - self._base[0], 0.0) + drafting_s + judging_s
+            added = max(priced_s - self._base[0], 0.0) + drafting_s + judging_s
             for p in plans:
                 p.row.slowdown.settle(self.max_stretch, *self._base, p.accepted, added)
         self.cost.observe(tokens, rows, t2 - t1, multi)

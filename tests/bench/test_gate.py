@@ -89,6 +89,26 @@ def test_a_start_that_never_drafts_is_not_replaced_on_the_priors_word_and_a_bad_
     assert "one set of arms" in capsys.readouterr().err
 
 
+def test_a_start_with_no_outcomes_of_its_drafts_tries_them_until_the_judge_can_price_them(tmp_path, monkeypatch):
+    """Drafts run ~2x plain, but the start prices both near plain by the prior alone (no
+    outcomes behind them): the untried share serves them (raised here, so that a short
+    stream gathers 30 outcomes of each draft in each half of the newer rows) and the
+    judge then promotes a model that drafts. Without the share nothing is learnt."""
+    import policy.decide
+
+    runs = [_run(tmp_path, "a", 3.0, 2.0), _run(tmp_path, "b", 4.0, 1.8)]
+    g = gate.GateReplay(runs, replay.workload_of(runs[0]), NO_RULES, CategoryClassifier.load())
+    start = prior_model()
+    start.version = "untried"
+    for d in ("ngram", "eagle"):
+        start.drafts[d] = replay.with_level(start.draft(d), -20.0, 0.0)
+    monkeypatch.setattr(policy.decide, "EXPLORE_UNTRIED", 0.5)
+    learnt = g.stream(start, 0, 1000, 200, 40)
+    assert learnt["promotions"] and learnt["final"] > 1.5 > g.price(start)
+    monkeypatch.setattr(policy.decide, "EXPLORE_UNTRIED", 0.0)
+    assert g.stream(start, 0, 1000, 200, 40)["promotions"] == []
+
+
 def test_the_summary_counts_promotions_that_chose_worse_and_streams_that_ended_slower():
     streams = [dict(seed=0, promotions=[], final=None),
                dict(seed=1, promotions=[dict(replaced=1.2, replayed=1.1), dict(replaced=1.1, replayed=1.25)],

@@ -261,8 +261,8 @@ def test_idle_requests_try_the_drafts_the_model_has_no_outcomes_for():
     model = PolicyModel("t", {"ngram": fitted}, explore=1.0)
     ds, propensity = served(model)
     speed = ds[0].predicted_speedup
-    assert speed["eagle:8"] >= UNTRIED_FLOOR > speed["selfspec:1"]  # the layers draft is not worth a try
-    tried = [d for d in ds if d.arm.draft == "eagle"]
+    assert speed["eagle:8"] >= UNTRIED_FLOOR > max(v for a, v in speed.items() if a.startswith("selfspec"))
+    tried = [d for d in ds if d.arm.draft == "eagle"]  # the layers draft is not worth a try
     assert 0.5 * EXPLORE_UNTRIED * len(ds) < len(tried) < 1.5 * EXPLORE_UNTRIED * len(ds)
     assert {d.arm for d in tried} == {Arm("eagle", 8)} and all("no outcomes" in d.reason for d in tried)
     assert set(propensity) == {Arm("ngram", 8), Arm("eagle", 8)}
