@@ -296,16 +296,6 @@ def dr_values(policy: PolicyModel, reward: PolicyModel, rows: list[TrainingRow],
     return out, choices
 
 
-def offline_value(model: PolicyModel, rows: list[TrainingRow], arms: list[Arm],
-                  step: np.ndarray | None = None) -> float | None:
-    """Doubly-robust estimate of the mean relative speed under `model`'s greedy
-    choice, with the model itself as the reward model."""
-    if not rows:
-        return None
-    step = plain_step_model(rows) if step is None else step
-    return float(dr_values(model, model, rows, arms, step)[0].mean())
-
-
 def cross_fitted(rows: list[TrainingRow], policies: list[PolicyModel], arms: list[Arm], step: np.ndarray,
                  kind_of: KindOf = DraftKind.guess, folds: int = 2
                  ) -> list[tuple[np.ndarray, list[Arm], np.ndarray]]:

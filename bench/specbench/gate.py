@@ -101,6 +101,8 @@ class GateReplay:
                 attempts[live.version] += 1
                 candidate, decision = judge(rows, live, self.arms.by_preference(), kind_of=self.arms.kind_of,
                                             attempt=attempts[live.version], version=f"s{seed}-r{len(rows)}")
+                if not decision["tested"]:  # as the retrainer: a judgement that risked nothing gives its number back
+                    attempts[live.version] -= 1
                 if decision["promoted"]:
                     promotions.append(dict(at=len(rows), evaluated_rows=decision["evaluated_rows"],
                                            lower_bound=decision["lower_bound"], replaced=self.price(live),
