@@ -9,13 +9,13 @@ oracle, as the bench reports them, in seconds instead of the bench's 15-40
 minutes: a prior or a learned model can be judged on a run it did not see.
 
 `--fit-prior` also fits each fixed draft's prior intercept and temperature
-slope (policy/model.py::prior_draft) to the run, each draft on its own. A fit
-is a candidate, not a verdict: 31-39 noisy requests leave the drafts' levels
+slope (policy/model.py::prior_draft) to the runs given, each draft on its own. A
+fit is a candidate, not a verdict: 31-39 noisy requests leave the drafts' levels
 loosely identified, and a fit that prices each draft's speed well can still
 rank them badly (one put the head alone above the hybrid that contains it).
 `--fit-prior-value` chooses them for every draft together by what the policy
-they make would have realised on the run instead. Fit on one run; judge by
-replaying others.
+they make would have realised, averaged over the runs, instead. Fit on some
+runs; judge by replaying others.
 
 Its limits: the menu is the run's fixed drafts (each with the engine adapting
 γ within its bound, so a draft chosen at any γ reads as that draft's measured
@@ -125,26 +125,27 @@ def with_level(prior, intercept: float, slope: float):
     return dataclasses.replace(prior, accept_coef=w, accept_cov=None)
 
 
-def fit_prior(bench: dict, requests, classifier, model) -> dict[str, dict]:
+def fit_prior(runs, classifier, model) -> dict[str, dict]:
     """Each fixed draft's prior intercept and temperature slope (policy/model.py::prior_draft),
-    fit by least squares on log speedup over plain to the run's measurements; the prior's
-    other coefficients stay. Each request's squared error is capped at 0.16 (a ratio of
-    1.5): a sampled answer that ends early reads slow for its prefill, not its draft."""
+    fit by least squares on log speedup over plain to the runs' measurements (`runs`: pairs
+    of a bench.json and its requests, pooled); the prior's other coefficients stay. Each
+    request's squared error is capped at 0.16 (a ratio of 1.5): a sampled answer that ends
+    early reads slow for its prefill, not its draft."""
     from scipy.optimize import minimize
 
     from engines.arms import Arm, DraftKind
     from policy.model import INTERCEPT, TEMPERATURE, prior_of, speedups_at
 
-    st = bench["settings"]
-    ms = measured(bench)
-    feats = [(r, features_of(r, st, classifier, model)) for r in requests]
     out = {}
-    for arm in (a for a in st["modes"] if a not in ("plain", ADAPTIVE)):
+    for arm in fixed_drafts(runs):
         a = Arm.parse(arm)
         kind = DraftKind.guess(a.draft)  # a run records its arms' names only
         prior = prior_of(kind)
-        rows = [(f, ms[(r.idx, arm)], ms[(r.idx, "plain")]) for r, f in feats if (r.idx, arm) in ms and
-                (r.idx, "plain") in ms]
+        rows = []
+        for bench, requests in runs:
+            ms = measured(bench)
+            rows += [(features_of(r, bench["settings"], classifier, model), ms[(r.idx, arm)], ms[(r.idx, "plain")])
+                     for r in requests if (r.idx, arm) in ms and (r.idx, "plain") in ms]
 
         def loss(p, prior=prior, rows=rows, gamma=a.gamma):
             m = with_level(prior, *p)
@@ -163,20 +164,31 @@ def fit_prior(bench: dict, requests, classifier, model) -> dict[str, dict]:
     return out
 
 
-def fit_prior_by_value(bench: dict, requests, classifier, model, rules, draws: int = 60, rounds: int = 3,
+def fixed_drafts(runs) -> list[str]:
+    """The fixed speculative arms every run measured (a fit over runs prices the same menu)."""
+    modes = [[a for a in bench["settings"]["modes"] if a not in ("plain", ADAPTIVE)] for bench, _ in runs]
+    if any(set(m) != set(modes[0]) for m in modes):
+        raise ValueError(f"the runs measured different fixed arms ({' / '.join(', '.join(m) for m in modes)}): "
+                         "fit runs of one menu")
+    return modes[0]
+
+
+def fit_prior_by_value(runs, classifier, model, rules, draws: int = 60, rounds: int = 3,
                        start: dict[str, tuple[float, float]] | None = None, log=None) -> dict:
     """Every fixed draft's prior intercept and temperature slope chosen together by
-    the replayed speed of the policy they make (Thompson draws included): a
-    coordinate search from `start` (arm -> intercept and slope; by default the
+    the replayed speed of the policy they make (Thompson draws included), averaged over
+    the runs (pairs of a bench.json and its requests: runs on different machines of one
+    CPU model measured the drafts' costs differently, and a prior has to serve them all):
+    a coordinate search from `start` (arm -> intercept and slope; by default the
     prior's values), steps of 0.2-0.8 in logit divided by the round's number,
     keeping any step that raises the speed. Least squares
     (fit_prior) prices each draft's speed on its own and can still rank the drafts
-    badly; this ranks them for the decisions the run measured, and so fits a run's
+    badly; this ranks them for the decisions the runs measured, and so fits their
     luck more readily: judge it by replaying other runs."""
     from engines.arms import Arm, DraftKind
     from policy.model import INTERCEPT, TEMPERATURE, PolicyModel, prior_of
 
-    arms = {Arm.parse(a).draft: a for a in bench["settings"]["modes"] if a not in ("plain", ADAPTIVE)}
+    arms = {Arm.parse(a).draft: a for a in fixed_drafts(runs)}
     priors = {d: prior_of(DraftKind.guess(d)) for d in arms}
     start = {d: (start or {}).get(arms[d], (m.accept_coef[INTERCEPT], m.accept_coef[TEMPERATURE]))
              for d, m in priors.items()}
@@ -184,7 +196,8 @@ def fit_prior_by_value(bench: dict, requests, classifier, model, rules, draws: i
     def value(params: dict) -> float:
         drafts = {d: with_level(priors[d], i, t) for d, (i, t) in params.items()}
         policy = PolicyModel(model.version, drafts, model.explore, output_tokens=model.output_tokens)
-        return replay(bench, requests, policy, rules, classifier, draws)["vs_plain"]
+        return float(np.mean([replay(bench, requests, policy, rules, classifier, draws)["vs_plain"]
+                              for bench, requests in runs]))
 
     best, before = dict(start), value(start)
     best_v = before
@@ -205,19 +218,20 @@ def fit_prior_by_value(bench: dict, requests, classifier, model, rules, draws: i
 
 
 def add_arguments(p) -> None:
-    p.add_argument("bench_json", help="a `specgate bench` run's bench.json (it needs concurrency 1)")
+    p.add_argument("bench_json", nargs="+", help="`specgate bench` runs' bench.json (they need concurrency 1); "
+                                                 "the fits below fit all of them together")
     p.add_argument("--policy", help="policy model JSON (default: the prior, as a cold gateway starts)")
     p.add_argument("--rules", help="operator rules YAML (default: the shipped default rules)")
-    p.add_argument("--data", help="the run's workload JSONL, if not where the run read it")
+    p.add_argument("--data", help="the runs' workload JSONL, if not where the runs read it")
     p.add_argument("--explore", type=float, help="override the model's exploration strength (0 = its mean's choice)")
     p.add_argument("--draws", type=int, default=200, help="decisions per request (default: %(default)s)")
     p.add_argument("--fit-prior", action="store_true",
-                   help="also fit each fixed draft's prior intercept and temperature slope to the run (fit on a run "
+                   help="also fit each fixed draft's prior intercept and temperature slope to the runs (fit on runs "
                         "the replays do not judge)")
     p.add_argument("--fit-prior-value", action="store_true",
                    help="also choose every fixed draft's prior intercept and temperature slope together by the "
-                        "replayed speed of the policy they make (a coordinate search from the prior, or from "
-                        "--fit-prior's fit when both are given: a minute or two)")
+                        "replayed speed of the policy they make, averaged over the runs (a coordinate search from "
+                        "the prior, or from --fit-prior's fit when both are given: a minute or two per run)")
 
 
 def main(args) -> int:
@@ -226,8 +240,10 @@ def main(args) -> int:
     from policy.rules import SHIPPED_RULES, load_rules
 
     try:
-        bench = json.loads(Path(args.bench_json).read_text())
-        requests = workload_of(bench, args.data)
+        runs = []
+        for path in args.bench_json:
+            bench = json.loads(Path(path).read_text())
+            runs.append((bench, workload_of(bench, args.data)))
         model = PolicyModel.from_json(Path(args.policy).read_text()) if args.policy else prior_model()
         rules = load_rules(args.rules or SHIPPED_RULES)
     except (OSError, ValueError, KeyError, WorkloadError) as e:
@@ -237,29 +253,33 @@ def main(args) -> int:
         model.explore = args.explore
     classifier = CategoryClassifier.load()
     try:
-        out = replay(bench, requests, model, rules, classifier, max(args.draws, 1))
+        for path, (bench, requests) in zip(args.bench_json, runs):
+            out = replay(bench, requests, model, rules, classifier, max(args.draws, 1))
+            print(f"{out['requests']} requests of {path} replayed through policy {model.version} "
+                  f"(explore {model.explore:g})")
+            print(f"  {out['vs_plain']:.4f}x plain, {out['vs_best_fixed']:.4f}x the best fixed arm "
+                  f"({out['best_fixed']}), {out['vs_oracle']:.4f}x the oracle ({out['oracle_vs_plain']:.4f}x plain)")
+            print("  fixed arms: " + ", ".join(f"{a} {v:.4f}x" for a, v in out["fixed_vs_plain"].items()))
+            print("  requests served: " + ", ".join(f"{a} {n:g}" for a, n in out["choices"].items()))
+        if args.fit_prior or args.fit_prior_value:
+            fixed_drafts(runs)  # one menu, or say so before any fit
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"{out['requests']} requests of {args.bench_json} replayed through policy {model.version} "
-          f"(explore {model.explore:g})")
-    print(f"  {out['vs_plain']:.4f}x plain, {out['vs_best_fixed']:.4f}x the best fixed arm ({out['best_fixed']}), "
-          f"{out['vs_oracle']:.4f}x the oracle ({out['oracle_vs_plain']:.4f}x plain)")
-    print("  fixed arms: " + ", ".join(f"{a} {v:.4f}x" for a, v in out["fixed_vs_plain"].items()))
-    print("  requests served: " + ", ".join(f"{a} {n:g}" for a, n in out["choices"].items()))
     start = None
     if args.fit_prior:
-        fits = fit_prior(bench, requests, classifier, model)
+        fits = fit_prior(runs, classifier, model)
         start = {arm: (fit["intercept"], fit["temperature"]) for arm, fit in fits.items()}
         for arm, fit in fits.items():
-            print(f"  prior for {arm} ({fit['kind']}, {fit['requests']} requests): intercept {fit['intercept']:g}, "
+            print(f"prior for {arm} ({fit['kind']}, {fit['requests']} requests): intercept {fit['intercept']:g}, "
                   f"temperature slope {fit['temperature']:g} (now {fit['prior'][0]:g}, {fit['prior'][1]:g}; "
                   f"squared log error {fit['loss']:g} against {fit['prior_loss']:g})")
     if args.fit_prior_value:
-        fit = fit_prior_by_value(bench, requests, classifier, model, rules, start=start,
+        fit = fit_prior_by_value(runs, classifier, model, rules, start=start,
                                  log=lambda m: print(m, file=sys.stderr))
         for arm, d in fit["drafts"].items():
-            print(f"  prior by value for {arm} ({d['kind']}): intercept {d['intercept']:g}, temperature slope "
+            print(f"prior by value for {arm} ({d['kind']}): intercept {d['intercept']:g}, temperature slope "
                   f"{d['temperature']:g} (from {d['prior'][0]:g}, {d['prior'][1]:g})")
-        print(f"  replayed with them: {fit['replayed']:.4f}x plain against {fit['prior_replayed']:.4f}x")
+        print(f"replayed with them: {fit['replayed']:.4f}x plain against {fit['prior_replayed']:.4f}x "
+              f"(the mean over {len(runs)} run{'s' * (len(runs) > 1)})")
     return 0

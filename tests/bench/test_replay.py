@@ -91,7 +91,7 @@ def test_the_prior_fit_recovers_the_coefficients_a_run_was_made_with(run):
         x = next(x for x in bench["measurements"] if x["idx"] == r.idx and x["mode"] == "ngram:8")
         tokens, plain_s = TIMES[r.idx][0]
         x["output_tokens"], x["latency_s"] = tokens, plain_s / speedups_at(m, m.alpha(f), f, [8])[0]
-    fit = replay.fit_prior(bench, requests, clf, model)["ngram:8"]
+    fit = replay.fit_prior([(bench, requests)], clf, model)["ngram:8"]
     assert fit["kind"] == "ngram" and fit["requests"] == 3
     assert fit["intercept"] == pytest.approx(0.4, abs=0.05) and fit["temperature"] == pytest.approx(-2.0, abs=0.1)
     assert fit["loss"] < 1e-4 < fit["prior_loss"]
@@ -138,7 +138,7 @@ def test_the_prior_chosen_by_value_reaches_the_oracle_a_temperature_slope_can_re
     model.explore = 0.0  # the mean's choice: one arm per request, no draws to average
     lookup = prior_draft("ngram").accept_coef
     start = {"ngram:8": (lookup[INTERCEPT], lookup[TEMPERATURE]), "eagle:6": (-2.0, 0.0)}
-    fit = replay.fit_prior_by_value(bench, requests, clf, model, NO_RULES, draws=3, rounds=3, start=start)
+    fit = replay.fit_prior_by_value([(bench, requests)], clf, model, NO_RULES, draws=3, rounds=3, start=start)
     oracle = (60 + 40 + 78) / (2.0 + 1.0 + 2.6) / _speed(0)
     assert fit["prior_replayed"] < oracle - 0.05  # request 1 served plain from there
     assert fit["replayed"] == pytest.approx(oracle)
@@ -147,3 +147,39 @@ def test_the_prior_chosen_by_value_reaches_the_oracle_a_temperature_slope_can_re
               for arm, d in fit["drafts"].items()}
     again = replay.replay(bench, requests, PolicyModel("fit", drafts, 0.0), NO_RULES, clf, draws=3)
     assert again["vs_plain"] == pytest.approx(fit["replayed"]) and again["choices"] == {"ngram:8": 2, "eagle:6": 1}
+
+
+def test_a_prior_fit_over_several_runs_chooses_for_their_mean_and_refuses_runs_of_other_menus(run, capsys):
+    """Runs on machines of one CPU model measured the head's cost differently: a prior fit
+    by value over several runs is scored by the mean of its replays on each."""
+    import copy
+
+    from policy.model import PolicyModel
+    from policy.rules import NO_RULES
+
+    bench, path, tmp = run
+    requests = replay.workload_of(bench)
+    slower = copy.deepcopy(bench)  # here the head loses request 1 too: lookup is the oracle everywhere
+    for m in slower["measurements"]:
+        if m["mode"] == "eagle:6":
+            m["latency_s"] *= 2.5
+    clf, model = CategoryClassifier.load(), prior_model()
+    model.explore = 0.0
+    runs = [(bench, requests), (slower, requests)]
+    fit = replay.fit_prior_by_value(runs, clf, model, NO_RULES, draws=3, rounds=2)
+    drafts = {arm.split(":")[0]: replay.with_level(prior_draft(d["kind"]), d["intercept"], d["temperature"])
+              for arm, d in fit["drafts"].items()}
+    policy = PolicyModel("fit", drafts, 0.0)
+    each = [replay.replay(b, r, policy, NO_RULES, clf, draws=3)["vs_plain"] for b, r in runs]
+    assert fit["replayed"] == pytest.approx(sum(each) / 2) and fit["replayed"] >= fit["prior_replayed"]
+    pooled = replay.fit_prior(runs, clf, model)["ngram:8"]
+    assert pooled["requests"] == 6  # both runs' rows
+    other = copy.deepcopy(bench)
+    other["settings"]["modes"] = ["plain", "ngram:8", "adaptive"]
+    with pytest.raises(ValueError, match="different fixed arms"):
+        replay.fit_prior([(bench, requests), (other, requests)], clf, model)
+    second = tmp / "slower.json"
+    second.write_text(json.dumps(slower))
+    assert cli.main(["bench-replay", str(path), str(second), "--explore", "0", "--draws", "3", "--fit-prior"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("3 requests of") == 2 and "prior for ngram:8 (ngram, 6 requests)" in out

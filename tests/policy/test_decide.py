@@ -116,7 +116,7 @@ def test_a_drafts_equal_predictions_go_to_its_largest_gamma():
     was, and capped prompt lookup's long copies)."""
     from policy.train import greedy_arm
 
-    f = RequestFeatures("summarization", 0, 1, 900, 200, 0.3)  # a weak copy cue: past k = 2 a token does not pay
+    f = RequestFeatures("summarization", 0, 1, 900, 200, 0.36)  # a weak copy cue: past k = 2 a token does not pay
     rules = parse_rules("default: {drafts: [ngram], gamma: {min: 1, max: 3}, explore: 1.0}")
     adaptive = dataclasses.replace(ARMS, adaptive=True)
     chosen = {decide(f, rules, None, random.Random(seed), adaptive).arm for seed in range(300)}
