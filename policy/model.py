@@ -129,8 +129,8 @@ def prior_draft(kind: str) -> DraftModel:
     The cost side comes from the engine benchmarks (verifying k tokens costs ~0.06 of a
     step each alone, more in a full batch). The acceptance side's intercept and
     temperature slope per draft were fit to two `specgate bench --concurrency 1
-    --no-adaptive` runs of dev prompts the default workload does not use (each category's
-    rows 4-6: 31 requests, every fixed arm each), on two machines of one EPYC model that
+    --no-adaptive --skip 3` runs of dev prompts the default workload does not use (each
+    category's rows 4-6: 31 requests, every fixed arm each), on two machines of one EPYC model that
     priced the EAGLE head differently (it ran 1.26x plain where plain ran 19 tok/s, 1.14x
     where plain ran 24): first by least squares on log speedup, then all drafts together
     by the mean replayed speed of the policy they make (`specgate bench-replay RUN RUN

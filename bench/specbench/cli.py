@@ -53,6 +53,10 @@ def add_arguments(p) -> None:
                                                                                    "$SPECGATE_API_KEY)")
     p.add_argument("--data", default=str(default_data_path()), help="workload JSONL (default: %(default)s)")
     p.add_argument("--per-category", type=int, default=3, help="rows per category; 0 = all (default: %(default)s)")
+    p.add_argument("--skip", type=int, default=0,
+                   help="skip each category's first N rows (default: %(default)s; --skip 3 --no-adaptive "
+                        "measures the prompts the default workload does not use, which the shipped prior was fit "
+                        "on)")
     p.add_argument("--categories", nargs="*", help="only these categories")
     p.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS),
                    help="fixed arms to compare, plain first (default: %(default)s)")
@@ -97,6 +101,8 @@ def _check_args(args) -> str | None:
         return "--arms: duplicates"
     if any(c < 1 for c in args.concurrency) or (args.repeats is not None and args.repeats < 1) or args.max_tokens < 1:
         return "--concurrency, --repeats and --max-tokens must be positive"
+    if args.skip < 0 or args.per_category < 0:
+        return "--skip and --per-category cannot be negative"
     if args.address and args.learning_curve:
         return "the learning curve needs a cold gateway this command starts: drop --address or pass " \
                "--learning-curve 0"
@@ -116,7 +122,7 @@ def main(args) -> int:
         return 2
     try:
         requests = build_workload(read_rows(args.data), args.per_category or None, args.temperatures, args.seed,
-                                  args.categories)
+                                  args.categories, args.skip)
     except (WorkloadError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -240,7 +246,8 @@ def summarize(args, requests, modes, fixed, c1, runs, stream, address) -> dict:
         cell = raw[f"c{r['concurrency']}"][r["mode"]]
         cell["total_wall_s"] = round(cell.get("total_wall_s", 0) + r["wall_s"], 4)
     return dict(
-        settings=dict(data=args.data, per_category=args.per_category, requests=len(requests), modes=modes,
+        settings=dict(data=args.data, per_category=args.per_category, skip=args.skip, requests=len(requests),
+                      modes=modes,
                       temperatures=args.temperatures, concurrency=args.concurrency, max_tokens=args.max_tokens,
                       repeats={str(c): repeats_at(args, c) for c in args.concurrency}, seed=args.seed,
                       category_hints=args.category_hints,

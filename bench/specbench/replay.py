@@ -50,7 +50,7 @@ def workload_of(bench: dict, data: str | None = None):
     """The run's requests with their prompts (bench.json keeps only their sizes)."""
     st = bench["settings"]
     requests = build_workload(read_rows(data or st["data"]), st["per_category"] or None, st["temperatures"],
-                              st["seed"])
+                              st["seed"], skip=st.get("skip", 0))  # skip: absent in runs recorded before it
     recorded = {r["idx"]: r["question_id"] for r in bench["requests"]}
     if {r.idx: r.question_id for r in requests} != recorded:
         raise WorkloadError("the data file does not give the run's requests (pass the run's --data)")

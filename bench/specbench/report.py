@@ -17,7 +17,8 @@ def markdown(summary: dict) -> str:
     passes = ", ".join(f"{n} at c={c}" for c, n in reps.items()) if isinstance(reps, dict) else reps
     lines = [
         "# specgate bench", "",
-        f"Workload: {s['requests']} requests from `{s['data']}` ({s['per_category']} per category), "
+        f"Workload: {s['requests']} requests from `{s['data']}` ({s['per_category']} per category"
+        f"{f' after the first {n}' if (n := s.get('skip')) else ''}), "
         f"temperatures {s['temperatures']}, max_tokens {s['max_tokens']}, passes {passes}, seed {s['seed']}; "
         f"gateway {s['gateway']}; machine {s.get('cpu', 'not recorded')}.", "",
         "Speed is output tokens per second of request time, so arms that sample answers of different "

@@ -59,10 +59,11 @@ def read_rows(path: str | Path) -> list[dict]:
 
 
 def build_workload(rows: list[dict], per_category: int | None, temperatures: list[float], seed: int,
-                   categories: list[str] | None = None) -> list[BenchRequest]:
-    """The first `per_category` rows of each category (None: all), in file order
-    of first appearance, interleaved across categories so that a prefix of the
-    workload is a fair sample of it."""
+                   categories: list[str] | None = None, skip: int = 0) -> list[BenchRequest]:
+    """The first `per_category` rows of each category (None: all) after its first
+    `skip`, in file order of first appearance, interleaved across categories so that
+    a prefix of the workload is a fair sample of it. `skip` gives a workload disjoint
+    from the default's (what a policy's prior is fit on, to be judged on the default)."""
     if not temperatures:
         raise WorkloadError("at least one temperature")
     by_cat: dict[str, list[dict]] = defaultdict(list)
@@ -72,7 +73,9 @@ def build_workload(rows: list[dict], per_category: int | None, temperatures: lis
     missing = [c for c in cats if c not in by_cat]
     if missing:
         raise WorkloadError(f"no rows for categories {missing}; present: {sorted(by_cat)}")
-    picked = {c: by_cat[c][:per_category] if per_category else by_cat[c] for c in cats}
+    picked = {c: by_cat[c][skip:skip + per_category] if per_category else by_cat[c][skip:] for c in cats}
+    if not any(picked.values()):
+        raise WorkloadError(f"no rows left after skipping each category's first {skip}")
     out: list[BenchRequest] = []
     depth = max(len(v) for v in picked.values())
     for k in range(depth):  # round k takes the k-th row of every category

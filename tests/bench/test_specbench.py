@@ -29,6 +29,18 @@ def test_workload_interleaves_categories_and_deals_every_temperature_to_each():
     assert {r.temperature for r in one} == {0.0, 1.0}  # still a mix with one row per category
 
 
+def test_a_skipped_workload_takes_the_rows_after_the_default_ones():
+    """--skip 3: the prompts the default workload (3 per category) does not use, dealt
+    as a workload of their own."""
+    default = build_workload(rows(per=5), per_category=3, temperatures=[0.0, 0.7, 1.0], seed=0)
+    rest = build_workload(rows(per=5), per_category=3, temperatures=[0.0, 0.7, 1.0], seed=0, skip=3)
+    assert [r.question_id for r in rest] == ["a3", "b3", "a4", "b4"]
+    assert not {r.question_id for r in rest} & {r.question_id for r in default}
+    assert [r.temperature for r in rest] == [r.temperature for r in default[:4]]  # dealt as from the start
+    with pytest.raises(WorkloadError, match="no rows left"):
+        build_workload(rows(per=3), 3, [0.0], 0, skip=3)
+
+
 def test_workload_errors_name_the_line(tmp_path):
     p = tmp_path / "w.jsonl"
     p.write_text('{"category": "a", "turns": ["ok"]}\n{"category": "b", "turns": []}\n')
