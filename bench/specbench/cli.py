@@ -247,8 +247,8 @@ def summarize(args, requests, modes, fixed, c1, runs, stream, address) -> dict:
         cell["total_wall_s"] = round(cell.get("total_wall_s", 0) + r["wall_s"], 4)
     return dict(
         settings=dict(data=args.data, per_category=args.per_category, skip=args.skip, requests=len(requests),
-                      modes=modes,
-                      temperatures=args.temperatures, concurrency=args.concurrency, max_tokens=args.max_tokens,
+                      modes=modes, temperatures=args.temperatures, concurrency=args.concurrency,
+                      max_tokens=args.max_tokens,
                       repeats={str(c): repeats_at(args, c) for c in args.concurrency}, seed=args.seed,
                       category_hints=args.category_hints,
                       learning_curve=args.learning_curve, gateway=args.address or "started by the bench",

@@ -137,15 +137,14 @@ def fit_prior(runs, classifier, model) -> dict[str, dict]:
     from policy.model import INTERCEPT, TEMPERATURE, prior_of, speedups_at
 
     out = {}
+    seen = [(measured(bench), [(r, features_of(r, bench["settings"], classifier, model)) for r in requests])
+            for bench, requests in runs]
     for arm in fixed_drafts(runs):
         a = Arm.parse(arm)
         kind = DraftKind.guess(a.draft)  # a run records its arms' names only
         prior = prior_of(kind)
-        rows = []
-        for bench, requests in runs:
-            ms = measured(bench)
-            rows += [(features_of(r, bench["settings"], classifier, model), ms[(r.idx, arm)], ms[(r.idx, "plain")])
-                     for r in requests if (r.idx, arm) in ms and (r.idx, "plain") in ms]
+        rows = [(f, ms[(r.idx, arm)], ms[(r.idx, "plain")]) for ms, feats in seen for r, f in feats
+                if (r.idx, arm) in ms and (r.idx, "plain") in ms]
 
         def loss(p, prior=prior, rows=rows, gamma=a.gamma):
             m = with_level(prior, *p)
@@ -261,25 +260,23 @@ def main(args) -> int:
                   f"({out['best_fixed']}), {out['vs_oracle']:.4f}x the oracle ({out['oracle_vs_plain']:.4f}x plain)")
             print("  fixed arms: " + ", ".join(f"{a} {v:.4f}x" for a, v in out["fixed_vs_plain"].items()))
             print("  requests served: " + ", ".join(f"{a} {n:g}" for a, n in out["choices"].items()))
-        if args.fit_prior or args.fit_prior_value:
-            fixed_drafts(runs)  # one menu, or say so before any fit
-    except ValueError as e:
+        start = None
+        if args.fit_prior:
+            fits = fit_prior(runs, classifier, model)
+            start = {arm: (fit["intercept"], fit["temperature"]) for arm, fit in fits.items()}
+            for arm, fit in fits.items():
+                print(f"prior for {arm} ({fit['kind']}, {fit['requests']} requests): intercept "
+                      f"{fit['intercept']:g}, temperature slope {fit['temperature']:g} (now {fit['prior'][0]:g}, "
+                      f"{fit['prior'][1]:g}; squared log error {fit['loss']:g} against {fit['prior_loss']:g})")
+        if args.fit_prior_value:
+            fit = fit_prior_by_value(runs, classifier, model, rules, start=start,
+                                     log=lambda m: print(m, file=sys.stderr))
+            for arm, d in fit["drafts"].items():
+                print(f"prior by value for {arm} ({d['kind']}): intercept {d['intercept']:g}, temperature slope "
+                      f"{d['temperature']:g} (from {d['prior'][0]:g}, {d['prior'][1]:g})")
+            print(f"replayed with them: {fit['replayed']:.4f}x plain against {fit['prior_replayed']:.4f}x "
+                  f"(the mean over {len(runs)} run{'s' * (len(runs) > 1)})")
+    except ValueError as e:  # a run without full information, or runs of different menus
         print(f"error: {e}", file=sys.stderr)
         return 2
-    start = None
-    if args.fit_prior:
-        fits = fit_prior(runs, classifier, model)
-        start = {arm: (fit["intercept"], fit["temperature"]) for arm, fit in fits.items()}
-        for arm, fit in fits.items():
-            print(f"prior for {arm} ({fit['kind']}, {fit['requests']} requests): intercept {fit['intercept']:g}, "
-                  f"temperature slope {fit['temperature']:g} (now {fit['prior'][0]:g}, {fit['prior'][1]:g}; "
-                  f"squared log error {fit['loss']:g} against {fit['prior_loss']:g})")
-    if args.fit_prior_value:
-        fit = fit_prior_by_value(runs, classifier, model, rules, start=start,
-                                 log=lambda m: print(m, file=sys.stderr))
-        for arm, d in fit["drafts"].items():
-            print(f"prior by value for {arm} ({d['kind']}): intercept {d['intercept']:g}, temperature slope "
-                  f"{d['temperature']:g} (from {d['prior'][0]:g}, {d['prior'][1]:g})")
-        print(f"replayed with them: {fit['replayed']:.4f}x plain against {fit['prior_replayed']:.4f}x "
-              f"(the mean over {len(runs)} run{'s' * (len(runs) > 1)})")
     return 0
