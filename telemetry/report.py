@@ -83,12 +83,15 @@ def markdown(summary: dict, decisions: list[dict]) -> str:
                      f"{real} | {row['guard_trips']} |")
     lines += ["", "Policy versions served, in order: " + " -> ".join(v["version"] for v in summary["versions"])]
     if decisions:
+        # attempt (its z) and the prior-priced share: why a bound above zero may still not promote
         lines += ["", "| judged | candidate | live | rows judged | same choice | candidate value | live value | "
-                      "lower bound | promoted | why |", "|---|---|---|---|---|---|---|---|---|---|"]
+                      "lower bound | attempt (z) | prior-priced share | promoted | why |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for d in decisions:
+            attempt = f"{d['attempt']} ({d.get('z')})" if "attempt" in d else ""  # older records: none
             lines.append(f"| {d.get('time', 0):.0f} | {d['candidate']} | {d['live']} | {d['evaluated_rows']} | "
                          f"{d.get('agreement')} | {d['candidate_value']} | {d['live_value']} | {d['lower_bound']} | "
-                         f"{d['promoted']} | {d.get('reason', '')} |")
+                         f"{attempt} | {d.get('prior_priced', '')} | {d['promoted']} | {d.get('reason', '')} |")
     return "\n".join(lines)
 
 

@@ -47,3 +47,23 @@ def test_report_shows_what_paid(rclient, redis_server, capsys, tmp_path):
     assert sum(r["guard_trips"] for r in out["table"].values()) == 10
     assert [v["version"] for v in out["versions"]] == ["v1", "v2"]
     assert out["judgements"][0]["promoted"] and (tmp_path / "r.png").stat().st_size > 1000
+
+
+def test_the_markdown_says_why_a_judgement_did_not_promote(rclient, redis_server, capsys):
+    """Each judgement's attempt, its z and the share of rows the prior alone priced: a
+    lower bound above zero that did not promote says why in its own columns."""
+    rec = record(0, Arm("ngram", 4), "v1")
+    rclient.xadd(STREAM, {"v": "2", "id": rec.request_id, "record": rec.to_json()})
+    for d in (dict(candidate="v2", live="v1", evaluated_rows=60, candidate_value=1.3, live_value=1.2,
+                   lower_bound=0.01, promoted=False, time=2.0, attempt=3, z=2.394, prior_priced=0.2,
+                   reason="on 12 newer rows ... the prior alone prices a choice"),
+              dict(candidate="v0", live="prior", evaluated_rows=30, candidate_value=1.1, live_value=1.2,
+                   lower_bound=-0.1, promoted=False, time=1.0)):  # recorded before attempts were
+        rclient.lpush(DECISIONS, json.dumps(d))
+    parser = argparse.ArgumentParser()
+    cmd_report.add_arguments(parser)
+    assert cmd_report.main(parser.parse_args(["--redis", redis_server.url])) == 0
+    out = capsys.readouterr().out
+    assert "| attempt (z) | prior-priced share |" in out
+    assert "| 0.01 | 3 (2.394) | 0.2 | False | on 12 newer rows" in out
+    assert "| -0.1 |  |  | False |" in out
