@@ -89,9 +89,10 @@ def markdown(summary: dict, decisions: list[dict]) -> str:
                   "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for d in decisions:
             attempt = f"{d['attempt']} ({d.get('z')})" if "attempt" in d else ""  # older records: none
+            priced = d.get("prior_priced")  # None: no newer rows judged
             lines.append(f"| {d.get('time', 0):.0f} | {d['candidate']} | {d['live']} | {d['evaluated_rows']} | "
                          f"{d.get('agreement')} | {d['candidate_value']} | {d['live_value']} | {d['lower_bound']} | "
-                         f"{attempt} | {d.get('prior_priced', '')} | {d['promoted']} | {d.get('reason', '')} |")
+                         f"{attempt} | {'' if priced is None else priced} | {d['promoted']} | {d.get('reason', '')} |")
     return "\n".join(lines)
 
 
