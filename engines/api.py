@@ -129,7 +129,8 @@ class GenerationResult:
 
 @dataclass(frozen=True)
 class LoadSnapshot:
-    """The engine's live load, as the policy reads it. Cheap, lock-free copy."""
+    """The engine's live load, and what it prices work at, as the gateway reads
+    them. Cheap, lock-free copy."""
 
     running: int = 0
     waiting: int = 0
@@ -137,6 +138,10 @@ class LoadSnapshot:
     kv_used_tokens: int = 0
     kv_limit_tokens: int = 0
     recent_step_s: float = 0.0  # moving average of target step time
+    # this machine's prices (empty where the engine does not say): seconds of a lone row feeding 1, 2, ...
+    # tokens (a decode step, then verifying 1, 2, ... drafts), from its start-up profile and every step since
+    lone_step_s: tuple[float, ...] = ()
+    drafting_s: tuple[tuple[str, float], ...] = ()  # (draft, measured seconds per drafted token) per model draft
 
 
 class GenerationHandle(Protocol):

@@ -16,6 +16,7 @@ loop on a thread of its own.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import queue
 import threading
@@ -25,8 +26,9 @@ from pathlib import Path
 
 import torch
 
-from engines.api import GenerationRequest, GenerationResult, LoadSnapshot, TokenDelta
-from engines.arms import ArmMenu
+from engines import budget
+from engines.api import GenerationRequest, GenerationResult, LoadSnapshot, SamplingParams, TokenDelta
+from engines.arms import Arm, ArmMenu
 from engines.config import EngineConfig
 from engines.drafts import ProposerFactory, build_drafts, may_pack
 from engines.errors import EngineError, InvalidRequest, Overloaded
@@ -38,6 +40,9 @@ from engines.stepcost import StepCost
 from engines.text import encode_prompt
 
 log = logging.getLogger(__name__)
+
+# what the drafts draft from at warm-up: text that repeats, so that prompt lookup finds matches too
+WARM_UP_PROMPT = "one two three four five six seven eight, one two three four five six seven eight, one two three"
 
 
 class BuiltinHandle:
@@ -169,13 +174,17 @@ class BuiltinEngine:
         self._sched = Scheduler(self.model, self.tokenizer, self.eos_ids, drafts, config.gamma_max,
                                 config.kv_budget_tokens, config.max_batch, config.prefill_chunk, cost,
                                 adaptive=config.adaptive, max_stretch=config.max_step_stretch)
-        self._load = LoadSnapshot(kv_limit_tokens=config.kv_budget_tokens)
+        self._publish_load()  # the profile's prices, before the first step
         self._closed = False
         self._worker: threading.Thread | None = None
         self._loop_guard, self._looping = threading.Lock(), False  # one decode loop per engine
         if start_worker:
-            self._worker = threading.Thread(target=self.serve_forever, name="specgate-engine", daemon=True)
-            self._worker.start()
+            self.start()
+
+    def start(self) -> None:
+        """Run the decode loop on a thread of its own (servers run `serve_forever` on the main thread)."""
+        self._worker = threading.Thread(target=self.serve_forever, name="specgate-engine", daemon=True)
+        self._worker.start()
 
     # construction
     @classmethod
@@ -196,7 +205,42 @@ class BuiltinEngine:
                 torch.set_num_threads(t.threads)
             prof = Profile(torch.get_num_threads(), "dense", cost=fit_cost(target.model))
         log.info("start-up profile: %s", prof.describe())
-        return cls(target, drafts.factories, config, start_worker, cost=prof.cost, profile=prof)
+        engine = cls(target, drafts.factories, config, start_worker=False, cost=prof.cost, profile=prof)
+        engine.warm_up()
+        if start_worker:
+            engine.start()
+        return engine
+
+    def warm_up(self, tokens: int = 8) -> None:
+        """Serve a short request under each draft, twice, before the decode loop
+        starts. The first pass pays for lazy initialisation, so that no user request
+        does; the second times each model draft's drafting alone, so that the budget
+        prices drafting from a request's first round (a draft not yet timed is priced
+        as free) and the engine reports what each draft costs on this machine. What
+        the passes taught the engine-wide calibration is dropped: a made-up prompt
+        says nothing of how drafts fare on real ones."""
+        sched, t0 = self._sched, time.perf_counter()
+        ids = self.tokenizer(WARM_UP_PROMPT)["input_ids"]
+        for second in (False, True):
+            if second:
+                sched.drafting_s.clear()  # the untimed pass's first calls paid for initialisation
+            for draft in self.drafts:
+                request = GenerationRequest(f"warm-up-{draft}", SamplingParams(max_tokens=tokens, ignore_eos=True,
+                                                                               seed=0),
+                                            arm=Arm(draft, self._arms.gamma_max), fixed_gamma=True)
+                handle = BuiltinHandle(request, list(ids))
+                sched.waiting.append(handle)
+                while sched.waiting or sched.running:
+                    sched.admit()
+                    sched.step()
+                try:
+                    handle.wait(timeout=0)
+                except Exception as e:  # noqa: BLE001 - the first user request under it would fail alike
+                    log.error("warm-up under %s failed: %s", draft, e)
+        sched.calibration = budget.Calibration()
+        self._publish_load()
+        timed = ", ".join(f"{d} {s * 1e3:.2f} ms" for d, s in sorted(sched.drafting_s.items()))
+        log.info("warm-up in %.1f s; drafting per token: %s", time.perf_counter() - t0, timed or "no model draft")
 
     # Engine protocol
     @property
@@ -208,8 +252,7 @@ class BuiltinEngine:
 
     def load(self) -> LoadSnapshot:
         s = self._load  # replaced whole after every step; no lock held across a step
-        return LoadSnapshot(s.running, s.waiting + self._queue.qsize(), s.tokens_per_step, s.kv_used_tokens,
-                            s.kv_limit_tokens, s.recent_step_s)
+        return dataclasses.replace(s, waiting=s.waiting + self._queue.qsize())
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer(text)["input_ids"])
@@ -288,7 +331,9 @@ class BuiltinEngine:
         s = self._sched
         # one attribute assignment: readers never see a half-updated snapshot
         self._load = LoadSnapshot(running=len(s.running), waiting=len(s.waiting), tokens_per_step=s.last_step_tokens,
-                                  kv_used_tokens=s.kv_used, kv_limit_tokens=s.kv_budget, recent_step_s=s.step_s)
+                                  kv_used_tokens=s.kv_used, kv_limit_tokens=s.kv_budget, recent_step_s=s.step_s,
+                                  lone_step_s=s.cost.lone_prices(s.gamma_max + 1),
+                                  drafting_s=tuple(sorted(s.drafting_s.items())))
 
 
 def drive_from_side_thread(engine: BuiltinEngine, fn: Callable[[], object]) -> object:

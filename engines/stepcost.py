@@ -78,6 +78,11 @@ class StepCost:
             return max(self.pace * known, self.seconds(tokens, 1, int(tokens > 1)))
         return self.seconds(tokens, rows, multi)
 
+    def lone_prices(self, most: int) -> tuple[float, ...]:
+        """What a lone row feeding 1, 2, ..., `most` tokens is priced at now: a decode
+        step, then one verifying 1, 2, ... drafts (what speculation costs on this machine)."""
+        return tuple(self.step(t, 1, int(t > 1)) for t in range(1, most + 1))
+
     def observe(self, tokens: int, rows: int, seconds: float, multi: int = 0) -> None:
         if rows == 1 and tokens in self.lone:
             self.pace += (seconds / self.lone[tokens] - self.pace) * PACE_RATE

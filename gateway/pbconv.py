@@ -6,7 +6,14 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from engines.api import ChatMessage, GenerationRequest, GenerationResult, GenerationStats, SamplingParams
+from engines.api import (
+    ChatMessage,
+    GenerationRequest,
+    GenerationResult,
+    GenerationStats,
+    LoadSnapshot,
+    SamplingParams,
+)
 from engines.arms import Arm, ArmMenu, DraftKind
 from gateway.context import CallInfo
 from gateway.pb import specgate_pb2 as pb
@@ -64,7 +71,8 @@ def engine_status_pb(id: str, address: str, healthy: bool, arms: ArmMenu, load, 
         draft_kinds=[pb.DraftKind(draft=d, kind=k.kind, model=k.model or "") for d, k in arms.kinds],
         load=pb.Load(running=load.running, waiting=load.waiting, tokens_per_step=load.tokens_per_step,
                      kv_used_tokens=load.kv_used_tokens, kv_limit_tokens=load.kv_limit_tokens,
-                     recent_step_s=load.recent_step_s))
+                     recent_step_s=load.recent_step_s, lone_step_s=load.lone_step_s,
+                     drafting_s=dict(load.drafting_s)))
 
 
 # --------------------------------------------------------------------- engine API
@@ -109,6 +117,11 @@ def result_from_pb(request_id: str, r: pb.EngineResult) -> GenerationResult:
         total_s=r.total_s, acceptance_source=r.acceptance_source or "measured",
         speculation_s=r.speculation_s if r.HasField("speculation_s") else None)
     return GenerationResult(request_id, r.text, tuple(r.token_ids), stats)
+
+
+def load_from_pb(ld: pb.Load) -> LoadSnapshot:
+    return LoadSnapshot(ld.running, ld.waiting, ld.tokens_per_step, ld.kv_used_tokens, ld.kv_limit_tokens,
+                        ld.recent_step_s, tuple(ld.lone_step_s), tuple(sorted(ld.drafting_s.items())))
 
 
 def menu_from_status(s: pb.EngineStatus | None) -> ArmMenu:

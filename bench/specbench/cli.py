@@ -31,6 +31,7 @@ from bench.specbench.runner import (
     ADAPTIVE,
     Progress,
     call,
+    engine_prices,
     rotated,
     run_concurrent,
     run_interleaved,
@@ -185,10 +186,11 @@ def _run(args, requests, modes, address, stack, out_dir: Path, say) -> int:
             for mode in rotated(modes, rep):
                 wall, ms = run_concurrent(send, requests, mode, c, rep, prog)
                 runs.append(dict(concurrency=c, mode=mode, repeat=rep, wall_s=wall, measurements=ms))
+    prices = engine_prices(stub, metadata)
     channel.close()
 
     fixed = list(args.arms)
-    summary = summarize(args, requests, modes, fixed, c1, runs, stream, address)
+    summary = summarize(args, requests, modes, fixed, c1, runs, stream, address, prices)
     summary["elapsed_s"] = round(time.time() - t_start, 1)
     if stack is not None:
         policy = stack.live_policy_json()
@@ -215,7 +217,7 @@ def repeats_at(args, concurrency: int) -> int:
     return args.repeats or (1 if concurrency == 1 else 3)
 
 
-def summarize(args, requests, modes, fixed, c1, runs, stream, address) -> dict:
+def summarize(args, requests, modes, fixed, c1, runs, stream, address, engines: list[dict] = ()) -> dict:
     all_ms = c1 + [m for r in runs for m in r["measurements"]]
     c1_table = analysis.compare(c1, modes) if c1 else None
     conc = analysis.concurrency_table(runs)
@@ -252,7 +254,7 @@ def summarize(args, requests, modes, fixed, c1, runs, stream, address) -> dict:
                       repeats={str(c): repeats_at(args, c) for c in args.concurrency}, seed=args.seed,
                       category_hints=args.category_hints,
                       learning_curve=args.learning_curve, gateway=args.address or "started by the bench",
-                      cpu=cpu_model()),
+                      cpu=cpu_model(), engines=list(engines)),
         targets=analysis.targets(iv_c1, iv_high, curve, high),
         intervals={"c1": iv_c1, f"c{high}": iv_high},
         greedy_mismatches=analysis.greedy_mismatches(all_ms),

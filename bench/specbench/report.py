@@ -11,6 +11,21 @@ def _f(v, spec=".2f", suffix="") -> str:
     return "n/a" if v is None else f"{v:{spec}}{suffix}"
 
 
+def prices_markdown(engines: list[dict]) -> list[str]:
+    """What each engine priced work at by the end of the run, in its own decode steps."""
+    lines = []
+    for e in engines:
+        lone = e.get("lone_step_s") or []
+        if not lone:
+            continue
+        verify = ", ".join(f"{k}: {lone[k] / lone[0] - 1:+.2f}" for k in range(1, len(lone)))
+        drafting = "; ".join(f"drafting {d} {v * 1e3:.2f} ms per token ({v / lone[0]:.3f} of a step)"
+                             for d, v in e.get("drafting_s", {}).items())
+        lines.append(f"Engine `{e['id']}` prices (end of run): a decode step {lone[0] * 1e3:.1f} ms; a lone row "
+                     f"verifying k drafts, over a step: {verify}{'; ' + drafting if drafting else ''}.")
+    return lines + [""] if lines else []
+
+
 def markdown(summary: dict) -> str:
     s = summary["settings"]
     reps = s["repeats"]  # per level (older runs: one count for every level)
@@ -21,6 +36,7 @@ def markdown(summary: dict) -> str:
         f"{f' after the first {n}' if (n := s.get('skip')) else ''}), "
         f"temperatures {s['temperatures']}, max_tokens {s['max_tokens']}, passes {passes}, seed {s['seed']}; "
         f"gateway {s['gateway']}; machine {s.get('cpu', 'not recorded')}.", "",
+        *prices_markdown(s.get("engines") or []),
         "Speed is output tokens per second of request time, so arms that sample answers of different "
         "lengths at temperature > 0 compare fairly; at temperature 0 it equals the ratio of total times.", "",
         "## Targets", "", "Each judged on its 95% interval: met when the interval's lower end clears the target, "

@@ -82,6 +82,22 @@ def call(stub: pb_grpc.GatewayStub, r: BenchRequest, mode: str, max_tokens: int,
     return m
 
 
+def engine_prices(stub: pb_grpc.GatewayStub, metadata=None) -> list[dict]:
+    """What each engine behind the gateway prices work at on its machine, as its
+    status says: a lone row's step by tokens fed (a decode step, then verifying 1,
+    2, ... drafts) and each model draft's seconds per drafted token. Recorded with
+    a run, so that a prior fit to it can be priced by the machine it ran on; an
+    engine that does not say gives empty figures, a gateway that does not answer
+    none."""
+    try:
+        status = stub.GetStatus(pb.GetStatusRequest(), timeout=10, metadata=metadata)
+    except grpc.RpcError:
+        return []
+    return [dict(id=e.id, lone_step_s=[round(x, 6) for x in e.load.lone_step_s],
+                 drafting_s={d: round(x, 6) for d, x in sorted(e.load.drafting_s.items())})
+            for e in status.engines if e.healthy]
+
+
 def rotated(modes: list[str], k: int) -> list[str]:
     k %= len(modes)
     return modes[k:] + modes[:k]

@@ -20,7 +20,7 @@ from gateway.config import RemoteEngineConfig
 from gateway.endpoints.health import HealthState
 from gateway.pb import specgate_pb2 as pb
 from gateway.pb import specgate_pb2_grpc as pb_grpc
-from gateway.pbconv import engine_request_pb, menu_from_status, result_from_pb
+from gateway.pbconv import engine_request_pb, load_from_pb, menu_from_status, result_from_pb
 
 # Short reconnect backoff: gRPC's default grows to minutes, and a worker that
 # comes back should be in rotation at the next health check.
@@ -140,9 +140,7 @@ class WorkerEndpoint:
         s = self._status
         if s is None:
             return LoadSnapshot()
-        ld = s.load
-        return LoadSnapshot(ld.running, ld.waiting, ld.tokens_per_step, ld.kv_used_tokens, ld.kv_limit_tokens,
-                            ld.recent_step_s)
+        return load_from_pb(s.load)
 
     def max_context(self) -> int:
         return self._status.max_context if self._status else 0

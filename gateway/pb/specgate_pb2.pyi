@@ -182,20 +182,31 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Load(_message.Message):
-    __slots__ = ("running", "waiting", "tokens_per_step", "kv_used_tokens", "kv_limit_tokens", "recent_step_s")
+    __slots__ = ("running", "waiting", "tokens_per_step", "kv_used_tokens", "kv_limit_tokens", "recent_step_s", "lone_step_s", "drafting_s")
+    class DraftingSEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_STEP_FIELD_NUMBER: _ClassVar[int]
     KV_USED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     KV_LIMIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     RECENT_STEP_S_FIELD_NUMBER: _ClassVar[int]
+    LONE_STEP_S_FIELD_NUMBER: _ClassVar[int]
+    DRAFTING_S_FIELD_NUMBER: _ClassVar[int]
     running: int
     waiting: int
     tokens_per_step: float
     kv_used_tokens: int
     kv_limit_tokens: int
     recent_step_s: float
-    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., tokens_per_step: _Optional[float] = ..., kv_used_tokens: _Optional[int] = ..., kv_limit_tokens: _Optional[int] = ..., recent_step_s: _Optional[float] = ...) -> None: ...
+    lone_step_s: _containers.RepeatedScalarFieldContainer[float]
+    drafting_s: _containers.ScalarMap[str, float]
+    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., tokens_per_step: _Optional[float] = ..., kv_used_tokens: _Optional[int] = ..., kv_limit_tokens: _Optional[int] = ..., recent_step_s: _Optional[float] = ..., lone_step_s: _Optional[_Iterable[float]] = ..., drafting_s: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class EngineStatus(_message.Message):
     __slots__ = ("id", "address", "healthy", "drafts", "gamma_min", "gamma_max", "load", "max_context", "arms", "adaptive_gamma", "draft_kinds")

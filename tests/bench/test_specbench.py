@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from bench.specbench import analysis, cli, intervals
+from bench.specbench import analysis, cli, intervals, report
 from bench.specbench.runner import ADAPTIVE, Progress, rotated
 from bench.specbench.workload import WorkloadError, build_workload, read_rows
-from tests.helpers import start_gateway
+from tests.helpers import ENGINE_CONFIG, start_gateway
 
 
 def rows(cats=("a", "b"), per=3):
@@ -180,5 +180,21 @@ def test_a_real_run_through_a_gateway(tmp_path, specbench_rows):
     assert all(a for a in summary["raw"]["c1"][ADAPTIVE]["arms"])
     fixed = [x for x in summary["measurements"] if x["mode"] == "ngram:4"]
     assert all(x["arm"] == "ngram:4" and x["source"] == "request" for x in fixed)
-    assert (tmp_path / "out" / "report.md").read_text().startswith("# specgate bench")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert md.startswith("# specgate bench")
+    # what the engine priced work at by the end, from its status: recorded with the run, shown in the report
+    [prices] = summary["settings"]["engines"]
+    lone = prices["lone_step_s"]
+    assert len(lone) == ENGINE_CONFIG.gamma_max + 1 and 0 < lone[0] <= lone[-1]
+    assert prices["drafting_s"] == {} and f"Engine `{prices['id']}` prices (end of run): a decode step" in md
     assert {p.rsplit("/", 1)[-1] for p in summary["plots"]} >= {"speedup_by_category.png", "concurrency.png"}
+
+
+def test_the_report_gives_an_engines_prices_in_its_own_steps():
+    """Verifying k drafts as the share of a decode step it adds, drafting per token in
+    ms and as a share of a step; an engine that says nothing, no line."""
+    lines = report.prices_markdown([dict(id="local", lone_step_s=[0.04, 0.05, 0.06], drafting_s={"eagle": 0.004}),
+                                    dict(id="remote", lone_step_s=[], drafting_s={})])
+    assert lines == ["Engine `local` prices (end of run): a decode step 40.0 ms; a lone row verifying k drafts, "
+                     "over a step: 1: +0.25, 2: +0.50; drafting eagle 4.00 ms per token (0.100 of a step).", ""]
+    assert report.prices_markdown([dict(id="remote", lone_step_s=[], drafting_s={})]) == []

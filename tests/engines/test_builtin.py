@@ -180,6 +180,39 @@ def test_a_failing_request_does_not_kill_the_engine():
         eng.close()
 
 
+def test_a_warm_up_times_each_model_draft_and_forgets_what_it_saw(caplog):
+    """Before the loop starts, a short request under each draft: every model draft's
+    seconds per drafted token measured (drafting is priced from a request's first round,
+    and reported with the load beside a lone row's prices), prompt lookup's not (it
+    drafts for nothing); the engine-wide calibration as before it, nothing left queued
+    or running, a draft that fails there logged, and output still the target's."""
+    target = tiny_loaded(scale=4.0)
+    sub = LlamaModel(target.model.cfg, target.model.weights, [0, 1])
+
+    class Broken(ProposerBase):
+        def propose(self, *a):
+            raise RuntimeError("boom")
+
+    drafts = {"ngram": lambda cap: NgramProposer(1, 3), "half": lambda cap: ModelDraftProposer(sub, cap),
+              "broken": lambda cap: Broken()}
+    eng = BuiltinEngine(target, drafts, CONFIG, start_worker=False)
+    before = eng.load()
+    assert before.drafting_s == () and len(before.lone_step_s) == CONFIG.gamma_max + 1
+    assert all(0 < a <= b for a, b in zip(before.lone_step_s, before.lone_step_s[1:]))
+    with caplog.at_level("ERROR", logger="engines.builtin"):
+        eng.warm_up()
+    assert "warm-up under broken failed" in caplog.text
+    timed = dict(eng.load().drafting_s)
+    assert list(timed) == ["half"] and 0 < timed["half"] < 1
+    sched = eng._sched
+    assert sched.calibration._tables == {} and not sched.running and not sched.waiting and sched.kv_used == 0
+    eng.start()
+    try:
+        assert eng.generate(req("half:4")).token_ids == eng.generate(req("plain")).token_ids
+    finally:
+        eng.close()
+
+
 def test_a_row_that_fails_in_a_shared_step_fails_alone():
     """A bug in one row's verification (here a proposal whose draft distribution has the
     wrong shape) fails that request, not the others decoding in the same steps."""

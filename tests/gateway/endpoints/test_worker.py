@@ -40,6 +40,12 @@ def test_worker_killed_mid_request_then_routed_around(engine_config):
         engines = [e for e in stub.GetStatus(pb.GetStatusRequest()).engines if e.healthy]
         assert [e.adaptive_gamma for e in engines] == [True]
         assert [(k.draft, k.kind, k.model) for e in engines for k in e.draft_kinds] == [("ngram", "ngram", "")]
+        # and what work costs on its machine: a lone row's step by tokens fed, one per γ up to its bound
+        # (prompt lookup drafts for nothing: no drafting price)
+        prices = engines[0].load.lone_step_s
+        assert len(prices) == engines[0].gamma_max + 1 and all(0 < x <= y for x, y in zip(prices, prices[1:]))
+        assert dict(engines[0].load.drafting_s) == {}
+        assert g.service.router.endpoints[0].load().lone_step_s == tuple(prices)
 
         # a long stream on a; kill a once text is flowing
         stream = stub.GenerateStream(pb.GenerateRequest(prompt="hello world", max_tokens=90, stop=["zzz"]),
