@@ -101,7 +101,7 @@ def test_requested_arm_is_honoured_only_when_allowed():
 
 
 def test_propensities_of_all_arms_sum_to_one():
-    f = RequestFeatures("chat", 0.5, 1, 900, 200, 0.05)  # prompt lookup within the posterior's reach of plain
+    f = RequestFeatures("chat", 0.65, 1, 900, 200, 0.05)  # prompt lookup within the posterior's reach of plain
     rules = parse_rules("default: {drafts: [ngram], gamma: {min: 1, max: 3}, explore: 0.2}")
     seen = {}
     for seed in range(3000):
