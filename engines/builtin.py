@@ -219,6 +219,8 @@ class BuiltinEngine:
         as free) and the engine reports what each draft costs on this machine. What
         the passes taught the engine-wide calibration is dropped: a made-up prompt
         says nothing of how drafts fare on real ones."""
+        if self._looping or self._worker is not None:
+            raise RuntimeError("warm_up drives the scheduler itself: call it before the decode loop starts")
         sched, t0 = self._sched, time.perf_counter()
         ids = self.tokenizer(WARM_UP_PROMPT)["input_ids"]
         for second in (False, True):

@@ -331,7 +331,7 @@ class Scheduler:
         if r.priced is None or n == 0:
             return
         old = self.drafting_s.get(r.priced)
-        self.drafting_s[r.priced] = seconds / n if old is None else 0.9 * old + 0.1 * seconds / n
+        self.drafting_s[r.priced] = budget.drafting_price(old, seconds, n)
 
     def _fail(self, r: Running, e: BaseException) -> None:
         log.error("request %s failed: %s", r.handle.request_id, e, exc_info=e)

@@ -139,7 +139,7 @@ def prior_draft(kind: str) -> DraftModel:
     measured prompt lookup (ngram:8) 1.10-1.12x plain, the head 1.14-1.26x and the hybrid
     (lookup where it matches, the head elsewhere) 1.24-1.26x, the hybrid the best fixed
     arm at every temperature on two of them; these coefficients choose the hybrid at
-    every temperature when idle, plain instead as the load or the temperature rises, and
+    every temperature when idle, plain as the load rises (first at high temperatures), and
     lookup or the head alone almost never. Replayed on the seven runs of the default
     workload at hand (other prompts, the same head, EPYCs of the same model): 1.005x
     [0.998, 1.013] the prior fit to the first two (paired over their 273 requests),

@@ -384,3 +384,22 @@ def test_a_copy_that_rarely_starts_but_holds_keeps_its_later_tokens():
     assert bias.ratio(later=True) == pytest.approx(1.0, abs=0.2)
     first, second, _ = budget.survival(bias.apply(est))
     assert second / first == pytest.approx(0.6, abs=0.12)  # one ratio for all gave 0.6 x the first's
+
+
+def test_the_drafting_price_shrugs_off_a_prompt_read_but_follows_a_slower_machine():
+    """A model draft's first call of a request also reads the prompt (here 18x a
+    round's drafting per token): averaged in whole it would price the next rounds'
+    drafting ~2.7x; capped, about 1.2x. A machine that really slows 3x is followed
+    within a few dozen calls."""
+    drafting_price = budget.drafting_price
+    price = None
+    for _ in range(50):
+        price = drafting_price(price, 0.008, 2)  # 4 ms per drafted token
+    assert price == pytest.approx(0.004)
+    spiked = drafting_price(price, 0.072, 1)  # the prompt read: 72 ms for its one token
+    assert spiked == pytest.approx(0.9 * 0.004 + 0.1 * 0.012) and spiked < 1.25 * 0.004
+    assert 0.9 * 0.004 + 0.1 * 0.072 > 2.5 * 0.004  # what the uncapped average made of it
+    slow = price
+    for _ in range(40):
+        slow = drafting_price(slow, 0.024, 2)  # every call now 12 ms per token
+    assert slow > 0.9 * 0.012

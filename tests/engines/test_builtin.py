@@ -209,6 +209,8 @@ def test_a_warm_up_times_each_model_draft_and_forgets_what_it_saw(caplog):
     eng.start()
     try:
         assert eng.generate(req("half:4")).token_ids == eng.generate(req("plain")).token_ids
+        with pytest.raises(RuntimeError, match="before the decode loop"):
+            eng.warm_up()  # the loop owns the scheduler now
     finally:
         eng.close()
 
