@@ -22,6 +22,13 @@ CONFIG = EngineConfig(drafts=[NgramDraftConfig(), LayerDraftConfig(name="half", 
                       gamma_max=6, max_queue=4)
 
 
+class Broken(ProposerBase):
+    """A draft whose every proposal raises."""
+
+    def propose(self, *a):
+        raise RuntimeError("boom")
+
+
 @pytest.fixture(scope="module")
 def engine():
     target = tiny_loaded(scale=4.0)
@@ -166,11 +173,6 @@ def test_cancel_while_running_stops_early():
 
 def test_a_failing_request_does_not_kill_the_engine():
     target = tiny_loaded()
-
-    class Broken(ProposerBase):
-        def propose(self, *a):
-            raise RuntimeError("boom")
-
     eng = BuiltinEngine(target, {"broken": lambda cap: Broken()}, CONFIG)
     try:
         with pytest.raises(Exception, match="internal error"):
@@ -188,11 +190,6 @@ def test_a_warm_up_times_each_model_draft_and_forgets_what_it_saw(caplog):
     or running, a draft that fails there logged, and output still the target's."""
     target = tiny_loaded(scale=4.0)
     sub = LlamaModel(target.model.cfg, target.model.weights, [0, 1])
-
-    class Broken(ProposerBase):
-        def propose(self, *a):
-            raise RuntimeError("boom")
-
     drafts = {"ngram": lambda cap: NgramProposer(1, 3), "half": lambda cap: ModelDraftProposer(sub, cap),
               "broken": lambda cap: Broken()}
     eng = BuiltinEngine(target, drafts, CONFIG, start_worker=False)
