@@ -20,7 +20,7 @@ import numpy as np
 from engines.arms import MAX_GAMMA, Arm, ArmMenu, DraftKind
 from engines.errors import InvalidRequest
 from policy.features import RequestFeatures
-from policy.model import PolicyModel, acceptance_features, prior_model, speed_table
+from policy.model import PolicyModel, acceptance_features, prior_model
 from policy.rules import RuleSet, Then
 
 SOURCES = ("rule", "policy", "exploration", "fallback", "request")
@@ -103,16 +103,17 @@ def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None,
     # one table for the menu: row 0 at the mean of each draft's α, rows 1.. at Thompson draws from its posterior
     strength = then.explore if then.explore is not None else model.explore
     x = acceptance_features(features)
-    models = [model.draft(d, k) for d, k in zip(layout.drafts, layout.kinds)]
-    posterior = np.array([m.logit(x) for m in models])  # [D, 2]: mean and sd of logit α
+    stack = model.stack(layout.drafts, layout.kinds)
+    mean, sd = stack.posterior(x)  # [D] each: logit α
     z = _DRAWS[:, layout.draw_columns] if strength > 0 else _MEAN_ONLY  # [1 + draws, D]
     # ufuncs: np.clip's wrapper costs more
-    logit = np.minimum(np.maximum(posterior[:, 0] + strength * posterior[:, 1] * z, -30.0), 30.0)  # [1 + draws, D]
-    table = speed_table(models, 1.0 / (1.0 + np.exp(-logit)), features, layout.gamma_max,
-                        [m.coverage(x) for m in models])  # [1 + draws, D, γ_max]
+    logit = np.minimum(np.maximum(mean + strength * sd * z, -30.0), 30.0)  # [1 + draws, D]
+    table = stack.speeds(1.0 / (1.0 + np.exp(-logit)), features, layout.gamma_max,
+                         stack.coverage(x))  # [γ_max, 1 + draws, D]
     # every candidate's speedup under each draw, a column per candidate (plain: 1 under every draw)
-    drawn = np.concatenate([np.ones((table.shape[0], 1)), table.reshape(table.shape[0], -1)[:, layout.columns]],
-                           axis=1)
+    drawn = np.empty((table.shape[1], len(candidates)))  # [1 + draws, C]
+    drawn[:, 0] = 1.0
+    drawn[:, 1:] = table[layout.gamma_index, :, layout.draft_of[1:]].T
     at_mean = np.round(drawn[0], 4)
     speed = dict(zip(layout.names, at_mean.tolist()))
     b = int(at_mean.argmax())
@@ -132,7 +133,7 @@ def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None,
         # so the share of draws an arm wins is exactly its probability of being chosen
         wins = drawn[1:, pool].argmax(axis=1)
         chosen = int(pool[wins[rng.randrange(len(wins))]])
-    untried = _untried(layout, models, at_mean, b) if strength > 0 and features.load < 1 else []
+    untried = _untried(layout, stack.models, at_mean, b) if strength > 0 and features.load < 1 else []
     share = EXPLORE_UNTRIED * strength if untried else 0.0
     trying = share > 0 and rng.random() < share
     if trying:
@@ -162,7 +163,7 @@ def decide(features: RequestFeatures, rules: RuleSet, model: PolicyModel | None,
                     propensity=round(propensity, 6), explored=explored, reason=reason, **base)
 
 
-def _untried(layout: _Layout, models: list, at_mean: np.ndarray, best: int) -> list[int]:
+def _untried(layout: _Layout, models: tuple, at_mean: np.ndarray, best: int) -> list[int]:
     """Per draft the model has no outcomes for, other than the best arm's, its best
     candidate (ties to the earlier), if predicted at least UNTRIED_FLOOR."""
     out = []
@@ -198,7 +199,7 @@ class _Layout:
     drafts: tuple[str, ...]  # the speed table's draft axis
     kinds: tuple[DraftKind, ...]  # what each of those drafts is
     gamma_max: int
-    columns: np.ndarray  # per speculative candidate: its column in the table's [D · γ_max] flattening
+    gamma_index: np.ndarray  # per speculative candidate: its γ's row in the speed table (γ − 1)
     draw_columns: np.ndarray  # per draft: its column of _DRAWS
     draft_of: np.ndarray  # per candidate: its draft's index (plain: -1)
     of_draft: tuple[np.ndarray, ...]  # per draft: its candidates' indices
@@ -220,7 +221,7 @@ def _layout(arms: ArmMenu, allowed: tuple[str, ...] | None, gamma: tuple[int, in
     drafts = sorted({a.draft for a in out[1:]})
     index = {d: j for j, d in enumerate(drafts)}
     g_max = max((a.gamma for a in out[1:]), default=1)
-    columns = np.array([index[a.draft] * g_max + a.gamma - 1 for a in out[1:]], dtype=np.intp)
+    gamma_index = np.array([a.gamma - 1 for a in out[1:]], dtype=np.intp)
     # a hybrid shares its model part's draws: independent draws rated the head alone above the hybrid
     # that runs the same head plus lookup in a quarter of them, where the hybrid was mostly faster
     # (`specgate bench-replay`: 0.5-1.2% faster with shared draws on four runs, README)
@@ -230,7 +231,7 @@ def _layout(arms: ArmMenu, allowed: tuple[str, ...] | None, gamma: tuple[int, in
                             dtype=np.intp)
     draft_of = np.array([-1] + [index[a.draft] for a in out[1:]], dtype=np.intp)
     of_draft = tuple(np.flatnonzero(draft_of == j) for j in range(len(drafts)))
-    return _Layout(tuple(out), tuple(a.name for a in out), tuple(drafts), kinds, g_max, columns, draw_columns,
+    return _Layout(tuple(out), tuple(a.name for a in out), tuple(drafts), kinds, g_max, gamma_index, draw_columns,
                    draft_of, of_draft)
 
 
