@@ -48,6 +48,7 @@ _CAT_INDEX = {c: i for i, c in enumerate(CATEGORIES)}
 # (prior_draft); at 1.0 its draws served the head or lookup alone for half the requests, where its
 # mean chose the hybrid for most: 0.3-1.6% slower than at 0.5 in `specgate bench-replay`
 PRIOR_LOGIT_SD = 0.5
+LOAD_CAP = 64  # the round cost's load term grows no further (the fit's rows are capped alike: TrainingRow.load)
 TEMPERATURE, INTERCEPT = 2 * N_CATEGORIES, N_FEATURES - 1  # positions in acceptance_features
 
 
@@ -104,10 +105,16 @@ class DraftModel:
         """Share of rounds that verify a draft, at features x."""
         return 1.0 if self._q is None else sigmoid(float(x @ self._q))
 
+    def cost_terms(self) -> tuple[float, float, float]:
+        """c(k, load) = fixed + (per_k + per_k_load · min(load, LOAD_CAP)) · k, in plain steps:
+        (fixed, per_k, per_k_load)."""
+        a, b, e = self.cost_coef
+        return 1.0 + max(a, 0.0), max(b, 0.0), max(e, 0.0)
+
     def round_cost(self, k, load: int):
         """In plain steps, for k tokens verified (an int, or an array of them)."""
-        a, b, e = self.cost_coef
-        return 1.0 + max(a, 0.0) + max(b, 0.0) * k + max(e, 0.0) * k * min(load, 64)
+        fixed, per_k, per_k_load = self.cost_terms()
+        return fixed + (per_k + per_k_load * min(load, LOAD_CAP)) * k
 
     def overhead(self, f: RequestFeatures) -> float:
         return self.overhead_steps + self.overhead_per_prompt_token * f.prompt_tokens
@@ -262,8 +269,7 @@ class DraftStack:
         self.cov = np.array([m._cov for m in ms])  # [D, N, N]
         self.has_q = np.array([m._q is not None for m in ms])  # [D]
         self.q = np.array([m._q if m._q is not None else np.zeros_like(m._w) for m in ms])  # [D, N]
-        a, b, e = np.maximum(np.array([m.cost_coef for m in ms], dtype=np.float64), 0.0).T  # [D] each
-        self.fixed, self.per_k, self.per_k_load = 1.0 + a, b, e  # round_cost, as arrays
+        self.fixed, self.per_k, self.per_k_load = np.array([m.cost_terms() for m in ms]).T  # [D] each
         self.over = np.array([(m.overhead_steps, m.overhead_per_prompt_token) for m in ms])  # [D, 2]
 
     def posterior(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -286,7 +292,7 @@ class DraftStack:
         reads whole [R, D] blocks."""
         L = max(f.expected_output_tokens, 1)
         k = np.arange(1, gamma_max + 1, dtype=np.float64)[:, None, None]  # [γ_max, 1, 1]
-        per_k = self.per_k + self.per_k_load * min(f.load, 64)  # [D]
+        per_k = self.per_k + self.per_k_load * min(f.load, LOAD_CAP)  # [D]: round_cost's, at this load
         over = self.over[:, 0] + self.over[:, 1] * f.prompt_tokens  # [D]
         q = np.minimum(np.maximum(coverage, 0.0), 1.0)  # [D]
         a = np.minimum(np.maximum(alpha, 0.0), 1.0 - 1e-9)  # [R, D]; ufuncs: np.clip's wrapper costs more

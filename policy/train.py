@@ -42,6 +42,7 @@ import numpy as np
 from engines.arms import Arm, DraftKind
 from policy.features import RequestFeatures
 from policy.model import (
+    LOAD_CAP,
     DraftModel,
     PolicyModel,
     acceptance_features,
@@ -79,7 +80,7 @@ class TrainingRow:
 
     @property
     def load(self) -> int:
-        return min(self.features.load, 64)
+        return min(self.features.load, LOAD_CAP)
 
 
 def tenant_weights(rows: list[TrainingRow]) -> list[float]:
