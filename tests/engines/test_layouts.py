@@ -66,6 +66,25 @@ def test_packs_agree_catches_a_packed_copy_that_computes_something_else():
     assert not packs_agree(w)
 
 
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch build")
+def test_a_onednn_weight_takes_dense_activations_and_a_dense_bias():
+    """linear() hands oneDNN dense activations and a dense bias: the same bits as
+    converting them to its format and back, and the dense product up to rounding."""
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(48, 24, generator=g), torch.randn(48, generator=g)
+    packed = w.to_mkldnn()
+    for m in (1, 2, 9, 40):
+        x = torch.randn(m, 24, generator=g)
+        for bias in (None, b):
+            out = linear(x, packed, bias)
+            assert not out.is_mkldnn and out.shape == (m, 48)
+            converted = torch._C._nn.mkldnn_linear(x.to_mkldnn(), packed, None if bias is None else bias.to_mkldnn())
+            assert torch.equal(out, converted.to_dense())
+            torch.testing.assert_close(out, F.linear(x, w, bias), rtol=1e-5, atol=1e-5)
+    strided = torch.randn(6, 48, generator=g)[:, ::2]  # a slice of a wider activation
+    assert torch.equal(linear(strided, packed, b), linear(strided.contiguous(), packed, b))
+
+
 def test_a_bf16_weight_computes_the_bfloat16_product_in_float32_activations():
     g = torch.Generator().manual_seed(0)
     w, b = torch.randn(48, 24, generator=g), torch.randn(48, generator=g)
