@@ -13,6 +13,7 @@ from policy.model import (
     DraftModel,
     DraftStack,
     PolicyModel,
+    acceptance_features,
     expected_tokens_per_round,
     prior_draft,
 )
@@ -42,7 +43,27 @@ def test_the_stacked_table_prices_every_draft_as_it_would_alone(load):
                 assert table[g - 1, i, j] == pytest.approx(_by_hand(m, alpha[i, j], coverage[j], f, g), rel=1e-12)
 
 
-def test_a_draft_added_after_a_decision_is_priced_by_its_own_coefficients():
+def test_the_stacked_posterior_and_coverage_are_each_drafts_own():
+    """Drafts with a fitted covariance, the prior's, with a coverage model and
+    without: each row of the stack reads its own draft's coefficients."""
+    rng = np.random.default_rng(1)
+    f = RequestFeatures(category="rag", temperature=1.0, top_p=0.9, prompt_tokens=400, expected_output_tokens=64,
+                        copy_signal=0.6, repetition=0.2, code=0.1)
+    x = acceptance_features(f)
+    a = rng.normal(size=(N_FEATURES, N_FEATURES))
+    fitted = DraftModel(rng.normal(size=N_FEATURES).tolist(), (a @ a.T / N_FEATURES).ravel().tolist(),
+                        coverage_coef=rng.normal(size=N_FEATURES).tolist(), samples=100)
+    ms = (prior_draft("eagle"), fitted, prior_draft("hybrid"))
+    stack = DraftStack(ms)
+    mean, sd = stack.posterior(x)
+    coverage = stack.coverage(x)
+    for j, m in enumerate(ms):
+        assert (mean[j], sd[j]) == pytest.approx(m.logit(x), rel=1e-12)
+        assert coverage[j] == pytest.approx(m.coverage(x), rel=1e-12)
+    assert coverage[0] == coverage[2] == 1.0 != coverage[1]
+
+
+def test_a_draft_put_into_a_model_after_it_priced_the_prior_is_priced_by_its_own_coefficients():
     f = RequestFeatures(category="chat", temperature=0.0, top_p=1.0, prompt_tokens=50, expected_output_tokens=64,
                         copy_signal=0.0)
     model = PolicyModel("t")
