@@ -63,26 +63,34 @@ class GatewayService:
         self._idle.set()
 
     # ------------------------------------------------------------------ decision
-    def features(self, req: GatewayRequest) -> RequestFeatures:
+    def features(self, req: GatewayRequest, admitted: bool = False) -> RequestFeatures:
+        """What the policy knows of `req` (admitted: it is one of this gateway's
+        generations in flight, not a dry run)."""
         load = self.router.least_loaded_load()
+        # An engine reports its load once per step, a worker once per health check: a burst decided
+        # between two reports would all see the load from before it. This gateway's other generations in
+        # flight, spread over the healthy engines, are a floor on it (waiting, where the report falls short).
+        others = self.active - (1 if admitted else 0)
+        floor = -(-others // max(len(self.router.healthy()), 1))
+        waiting = load.waiting + max(0, floor - load.running - load.waiting)
         text = req.text
         f = build_features(
             text, prompt_tokens=estimate_prompt_tokens(text), temperature=req.sampling.temperature,
             top_p=req.sampling.top_p, max_tokens=req.sampling.max_tokens, classifier=self.policy.classifier,
             model=self.policy.model, category_hint=req.hints.category,
-            expected_length_hint=req.hints.expected_output_tokens, running=load.running, waiting=load.waiting,
+            expected_length_hint=req.hints.expected_output_tokens, running=load.running, waiting=waiting,
             tokens_per_step=load.tokens_per_step, tenant=req.tenant, requested_arm=req.hints.requested_arm,
             turns=max(1, len(req.messages)))
         if self.acceptance is not None:  # the category is known only after classification
             f = dataclasses.replace(f, rolling_acceptance=self.acceptance.lookup(req.tenant, f.category))
         return f
 
-    def decide(self, req: GatewayRequest) -> tuple[Decision, RequestFeatures]:
+    def decide(self, req: GatewayRequest, admitted: bool = False) -> tuple[Decision, RequestFeatures]:
         t0 = time.perf_counter()
         arms = self.router.arms()
         if req.hints.requested_arm:
             arms.check(Arm.parse(req.hints.requested_arm))  # a requested arm nobody serves is a bad field
-        f = self.features(req)
+        f = self.features(req, admitted)
         # decide() runs on the event loop, one at a time: the gateway's rng needs no lock
         d = decide(f, self.policy.rules, self.policy.model, self._rng, arms)
         self.instr.decision_latency.record(time.perf_counter() - t0)
@@ -127,7 +135,7 @@ class GatewayService:
         try:
             dspan = tracer.start_span("specgate.decide", context=parent)
             try:
-                decision, features = self.decide(req)
+                decision, features = self.decide(req, admitted=True)
                 dspan.set_attributes(decision_attributes(features, decision))
             finally:
                 dspan.end()

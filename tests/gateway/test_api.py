@@ -57,6 +57,42 @@ def test_decide_is_a_dry_run_with_features(gw):
     assert resp.decision.arm in resp.decision.predicted_speedups and resp.decision.reason
 
 
+def test_a_burst_is_decided_on_the_load_it_makes_before_the_engine_reports_it():
+    """An engine whose load report lags (a worker between health checks reports the
+    load of its last check): the gateway's own generations in flight are a floor on
+    the load a decision sees."""
+    from engines.api import LoadSnapshot
+    from gateway.endpoints.local import LocalEndpoint
+    from telemetry.outcomes import MemoryOutcomeSink
+
+    class Lagging(LocalEndpoint):
+        def load(self):
+            return LoadSnapshot()  # idle, whatever runs
+
+    engine, sink = slow_engine(), MemoryOutcomeSink()
+    g = start_gateway(endpoints=[Lagging(engine)], sink=sink)
+    try:
+        streams = [g.stub.GenerateStream(pb.GenerateRequest(**SLOW)) for _ in range(3)]
+        for s in streams:
+            next(s)  # all three generating
+        f = g.stub.Decide(request()).features
+        assert f.running + f.waiting == 3  # a dry run: every generation in flight is another's
+        served = g.stub.Generate(request(max_tokens=2))
+        record = next(r for r in sink.items if r.request_id == served.request_id)
+        assert record.features.load == 3  # a generation does not count itself
+        for s in streams:
+            s.cancel()
+        assert wait_idle(engine, 5.0)
+        deadline = time.monotonic() + 5
+        while g.service.active and time.monotonic() < deadline:
+            time.sleep(0.01)
+        f = g.stub.Decide(request()).features
+        assert f.running + f.waiting == 0
+    finally:
+        g.close()
+        engine.close()
+
+
 def test_status_lists_engines_arms_and_versions(gw):
     s = gw.stub.GetStatus(pb.GetStatusRequest())
     assert s.policy_version == "prior" and s.rules_version
