@@ -322,7 +322,7 @@ class BuiltinEngine:
             if sched.running:
                 try:
                     sched.step()
-                except Exception as e:  # a failed batched forward fails that batch, not the engine
+                except Exception as e:  # beyond one row's own failures: fails the batch, not the engine
                     log.exception("engine step failed")
                     sched.fail_all(EngineError(f"internal error: {type(e).__name__}"))
             self._publish_load()

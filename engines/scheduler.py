@@ -12,8 +12,8 @@ forward, for exactly the positions the target committed.
 Admission: a request is admitted (FIFO, the head first: no starvation) when its
 KV reservation (prompt + max_tokens + γ_max + 1 positions) fits the budget.
 
-Failure: what goes wrong in one row's drafting, layout or verification fails that
-request alone; only the shared forward failing fails the batch (engines/builtin.py).
+Failure: what goes wrong in one row's drafting, layout, forward or verification
+fails that request alone (a shared forward that fails is rerun row by row).
 """
 
 from __future__ import annotations
@@ -130,10 +130,16 @@ class Scheduler:
                   and p.row.proposer.needs_states}
         if len(layers) > 1:
             raise ValueError(f"drafts reading different target layers in one engine: {sorted(layers)}")
-        if layers:
-            outs, states = self.model.forward_many(items, hidden=layers.pop())
-        else:
-            outs, states = self.model.forward_many(items), [None] * len(items)
+        layer, lengths = layers.pop() if layers else None, [cache.lengths[0] for _, cache, _ in items]
+        try:
+            outs, states = self._forward(items, layer)
+            batched = True
+        except Exception as e:  # noqa: BLE001 - see _row_by_row
+            plans, items, outs, states = self._row_by_row(plans, items, lengths, layer, e)
+            batched = False
+            if not plans:
+                self._retire()
+                return
         t2 = time.perf_counter()
         sizes = [it[0].shape[0] for it in items]
         tokens, rows, multi = sum(sizes), len(items), sum(n > 1 for n in sizes)
@@ -157,10 +163,39 @@ class Scheduler:
             added = max(priced_s - self._base[0], 0.0) + drafting_s + judging_s
             for p in plans:
                 p.row.slowdown.settle(self.max_stretch, *self._base, p.accepted, added)
-        self.cost.observe(tokens, rows, t2 - t1, multi)
+        if batched:  # rows run one by one say nothing of a batch's step
+            self.cost.observe(tokens, rows, t2 - t1, multi)
         self.last_step_tokens = tokens
         self.step_s = 0.8 * self.step_s + 0.2 * (time.perf_counter() - t0) if self.step_s else time.perf_counter() - t0
         self._retire()
+
+    def _forward(self, items: list, layer) -> tuple[list[torch.Tensor], list]:
+        """Logits of these rows, and the states `layer` names (None: none)."""
+        if layer is not None:
+            return self.model.forward_many(items, hidden=layer)
+        return self.model.forward_many(items), [None] * len(items)
+
+    def _row_by_row(self, plans: list[Plan], items: list, lengths: list[int], layer,
+                    error: Exception) -> tuple[list, list, list, list]:
+        """After a batch's forward failed, each row's forward alone, from the cache
+        lengths before it (a forward failing late has advanced them; what it wrote is
+        overwritten): a row whose own forward fails fails its request, the others go on
+        (a batch too large for the memory left, or one row tripping a bug, must not
+        fail every request batched with it)."""
+        log.warning("a forward of %d rows failed (%s: %s): running them one by one", len(items),
+                    type(error).__name__, error)
+        kept, outs, states = [], [], []
+        for p, item, n in zip(plans, items, lengths):
+            item[1].lengths[0] = n
+            try:
+                (out,), (state,) = self._forward([item], layer)
+            except Exception as e:  # noqa: BLE001 - this row's own forward: its request fails alone
+                self._fail(p.row, e)
+                continue
+            kept.append((p, item))
+            outs.append(out)
+            states.append(state)
+        return [p for p, _ in kept], [it for _, it in kept], outs, states
 
     def _plan(self, proposals: dict[int, Proposal], drafting_s: float) -> list[Plan]:
         """Prefill chunks, then the verification budget over the decoding rows

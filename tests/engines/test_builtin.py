@@ -236,6 +236,74 @@ def test_a_row_that_fails_in_a_shared_step_fails_alone():
         loop.join(10)
 
 
+def _serve(eng: BuiltinEngine, requests: list[GenerationRequest]) -> list:
+    """Each request's result, or the error it ended with, served by one decode loop."""
+    handles = [eng.submit(r) for r in requests]
+    loop = threading.Thread(target=eng.serve_forever, daemon=True)
+    loop.start()
+    out = []
+    try:
+        for h in handles:
+            try:
+                out.append(h.wait(30))
+            except EngineError as e:
+                out.append(e)
+    finally:
+        eng.close()
+        loop.join(10)
+    return out
+
+
+def test_a_shared_forward_that_fails_is_rerun_row_by_row_and_fails_only_its_culprit(caplog):
+    """A batch's forward that raises (as one too large for the memory left would) is rerun
+    one row at a time: every request still gets the output it gets unbatched, and where a
+    row's own forward raises (here the row of request "bad", whatever it is batched with)
+    that request alone fails, the engine serving on."""
+    # the sampled row verifies its whole draft every round: its draws then do not hang on the budget
+    requests = [dataclasses.replace(req(arm, prompt=p, temperature=t, seed=3, max_tokens=16, ignore_eos=True),
+                                    request_id=f"r{i}", fixed_gamma=t > 0)
+                for i, (arm, p, t) in enumerate([("plain", "hello world the cat", 0.0),
+                                                 ("ngram:4", "the cat the cat the", 0.0),
+                                                 ("half:3", "world hello cat", 0.8)])]
+
+    def engine(start_worker=False):
+        target = tiny_loaded(scale=4.0)
+        sub = LlamaModel(target.model.cfg, target.model.weights, [0, 1])
+        return BuiltinEngine(target, {"ngram": lambda cap: NgramProposer(1, 3),
+                                      "half": lambda cap: ModelDraftProposer(sub, cap)}, CONFIG,
+                             start_worker=start_worker)
+    alone = []
+    for r in requests:
+        eng = engine(start_worker=True)
+        alone.append(eng.generate(r))
+        eng.close()
+
+    def engine_whose_forward(fails):
+        eng = engine()
+        model, forward = eng._sched.model, eng._sched.model.forward_many
+
+        def flaky(items, **kw):
+            out = forward(items, **kw)  # failing late: the caches already written and advanced
+            if fails(items, eng._sched):
+                raise RuntimeError("out of memory")
+            return out
+        model.forward_many = flaky
+        return eng
+
+    with caplog.at_level("WARNING", logger="engines.scheduler"):
+        batched = _serve(engine_whose_forward(lambda items, _: len(items) > 1), requests)
+    assert "running them one by one" in caplog.text
+    assert [r.token_ids for r in batched] == [r.token_ids for r in alone]
+
+    def bad_row(items, sched):
+        bad = {id(r.cache) for r in sched.running if r.handle.request_id == "bad"}
+        return any(id(cache) in bad for _, cache, _ in items)
+    culprit = dataclasses.replace(requests[0], request_id="bad")
+    served = _serve(engine_whose_forward(bad_row), [requests[1], culprit, requests[2]])
+    assert isinstance(served[1], EngineError) and "internal error in request bad" in str(served[1])
+    assert [r.token_ids for r in served[::2]] == [alone[1].token_ids, alone[2].token_ids]
+
+
 def test_tokenizer_mismatch_names_the_first_differing_token():
     other = tiny_tokenizer(WORDS[:5] + ["dog"] + WORDS[6:])
     with pytest.raises(TokenizerMismatch, match=r"token id 5 is 'w3' for the target and 'dog'"):
