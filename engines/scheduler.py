@@ -130,7 +130,8 @@ class Scheduler:
                   and p.row.proposer.needs_states}
         if len(layers) > 1:
             raise ValueError(f"drafts reading different target layers in one engine: {sorted(layers)}")
-        layer, lengths = layers.pop() if layers else None, [cache.lengths[0] for _, cache, _ in items]
+        layer = layers.pop() if layers else None
+        lengths = [cache.lengths[0] for _, cache, _ in items]  # what a failed forward is rerun from
         try:
             outs, states = self._forward(items, layer)
             batched = True
