@@ -12,8 +12,9 @@ forward, for exactly the positions the target committed.
 Admission: a request is admitted (FIFO, the head first: no starvation) when its
 KV reservation (prompt + max_tokens + γ_max + 1 positions) fits the budget.
 
-Failure: what goes wrong in one row's drafting, layout, forward or verification
-fails that request alone (a shared forward that fails is rerun row by row).
+Failure: a row whose drafting raises decodes on without drafts (the output is the
+target's whatever was drafted); what goes wrong in one row's layout, forward or
+verification fails that request alone (a shared forward that fails is rerun row by row).
 """
 
 from __future__ import annotations
@@ -178,11 +179,9 @@ class Scheduler:
 
     def _row_by_row(self, plans: list[Plan], items: list, lengths: list[int], layer,
                     error: Exception) -> tuple[list, list, list, list]:
-        """After a batch's forward failed, each row's forward alone, from the cache
-        lengths before it (a forward failing late has advanced them; what it wrote is
-        overwritten): a row whose own forward fails fails its request, the others go on
-        (a batch too large for the memory left, or one row tripping a bug, must not
-        fail every request batched with it)."""
+        """After a batch's forward failed (too large for the memory left, or one row
+        tripping a bug), each row's forward alone from the cache lengths before it (a
+        late failure advanced them): only a row whose own forward fails fails."""
         log.warning("a forward of %d rows failed (%s: %s): running them one by one", len(items),
                     type(error).__name__, error)
         kept, outs, states = [], [], []
@@ -334,8 +333,8 @@ class Scheduler:
                 t0 = time.perf_counter()
                 try:
                     out[id(r)] = r.proposer.propose(r.tokens, k, r.sampling, r.generator)
-                except Exception as e:  # noqa: BLE001 - one broken proposer fails its own request only
-                    self._fail(r, e)
+                except Exception as e:  # noqa: BLE001 - see _drop_draft
+                    self._drop_draft([r], e)
                     continue
                 dt = time.perf_counter() - t0
                 r.stats.speculation_s += dt
@@ -348,9 +347,8 @@ class Scheduler:
             try:
                 props = type(proposer).propose_batch([(r.proposer, r.tokens, k, r.sampling, r.generator)
                                                       for r, k in group])
-            except Exception as e:  # noqa: BLE001
-                for r, _ in group:
-                    self._fail(r, e)
+            except Exception as e:  # noqa: BLE001 - see _drop_draft
+                self._drop_draft([r for r, _ in group], e)
                 continue
             dt = time.perf_counter() - t0
             for r, _ in group:  # drafted together: each row's share
@@ -368,6 +366,14 @@ class Scheduler:
             return
         old = self.drafting_s.get(r.priced)
         self.drafting_s[r.priced] = budget.drafting_price(old, seconds, n)
+
+    def _drop_draft(self, rows: list[Running], e: BaseException) -> None:
+        """Rows whose drafting raised decode on without drafts (a batch of them together:
+        the culprit is unknown, the draft's state half updated); a draft only proposes."""
+        log.error("drafting with %s failed for %s: decoding on without drafts", rows[0].draft,
+                  ", ".join(r.handle.request_id for r in rows), exc_info=e)
+        for r in rows:
+            r.proposer = None
 
     def _fail(self, r: Running, e: BaseException) -> None:
         log.error("request %s failed: %s", r.handle.request_id, e, exc_info=e)

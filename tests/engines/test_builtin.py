@@ -45,6 +45,24 @@ def req(arm="plain", prompt="hello world the cat", **sampling):
                              sampling=SamplingParams(**{"max_tokens": 12, **sampling}))
 
 
+def _serve(eng: BuiltinEngine, requests: list[GenerationRequest]) -> list:
+    """Each request's result, or the error it ended with, served by one decode loop."""
+    handles = [eng.submit(r) for r in requests]
+    loop = threading.Thread(target=eng.serve_forever, daemon=True)
+    loop.start()
+    out = []
+    try:
+        for h in handles:
+            try:
+                out.append(h.wait(30))
+            except EngineError as e:
+                out.append(e)
+    finally:
+        eng.close()
+        loop.join(10)
+    return out
+
+
 def test_streamed_deltas_add_up_to_the_result(engine):
     h = engine.submit(req("ngram:4"))
     text = "".join(d.text for d in h)
@@ -171,15 +189,37 @@ def test_cancel_while_running_stops_early():
         eng.close()
 
 
-def test_a_failing_request_does_not_kill_the_engine():
+class BrokenTogether(ProposerBase):
+    """A draft whose rows draft in one batch, which raises."""
+
+    batch_key = "together"
+
+    @staticmethod
+    def propose_batch(requests):
+        raise RuntimeError("boom")
+
+
+def test_a_draft_that_raises_leaves_its_requests_decoding_without_drafts(caplog):
+    """Drafting that raises, alone or in a batch of rows drafting together, fails no
+    request: each decodes on without drafts and gets the target's own output (a
+    draft only proposes), the failure logged with the request ids."""
     target = tiny_loaded()
-    eng = BuiltinEngine(target, {"broken": lambda cap: Broken()}, CONFIG)
+    eng = BuiltinEngine(target, {"broken": lambda cap: Broken(), "together": lambda cap: BrokenTogether()}, CONFIG,
+                        start_worker=False)
+    requests = [dataclasses.replace(req(arm, prompt=p, ignore_eos=True), request_id=f"r{i}")
+                for i, (arm, p) in enumerate([("broken:2", "hello world the cat"), ("together:3", "the cat the"),
+                                              ("together:3", "world hello"), ("plain", "cat world")])]
+    with caplog.at_level("ERROR", logger="engines.scheduler"):
+        served = _serve(eng, requests)
+    assert "drafting with broken failed for r0" in caplog.text
+    assert "drafting with together failed for r1, r2" in caplog.text
+    plain = BuiltinEngine(tiny_loaded(), {}, CONFIG)
     try:
-        with pytest.raises(Exception, match="internal error"):
-            eng.generate(req("broken:2"))
-        assert eng.generate(req()).stats.output_tokens > 0
+        expected = [plain.generate(dataclasses.replace(r, arm=Arm())).token_ids for r in requests]
     finally:
-        eng.close()
+        plain.close()
+    assert [r.token_ids for r in served] == expected
+    assert [sum(r.stats.drafted_per_round) for r in served] == [0, 0, 0, 0]
 
 
 def test_a_warm_up_times_each_model_draft_and_forgets_what_it_saw(caplog):
@@ -196,9 +236,9 @@ def test_a_warm_up_times_each_model_draft_and_forgets_what_it_saw(caplog):
     before = eng.load()
     assert before.drafting_s == () and len(before.lone_step_s) == CONFIG.gamma_max + 1
     assert all(0 < a <= b for a, b in zip(before.lone_step_s, before.lone_step_s[1:]))
-    with caplog.at_level("ERROR", logger="engines.builtin"):
+    with caplog.at_level("ERROR", logger="engines.scheduler"):
         eng.warm_up()
-    assert "warm-up under broken failed" in caplog.text
+    assert "drafting with broken failed for warm-up-broken" in caplog.text
     timed = dict(eng.load().drafting_s)
     assert list(timed) == ["half"] and 0 < timed["half"] < 1
     sched = eng._sched
@@ -234,24 +274,6 @@ def test_a_row_that_fails_in_a_shared_step_fails_alone():
     finally:
         eng.close()
         loop.join(10)
-
-
-def _serve(eng: BuiltinEngine, requests: list[GenerationRequest]) -> list:
-    """Each request's result, or the error it ended with, served by one decode loop."""
-    handles = [eng.submit(r) for r in requests]
-    loop = threading.Thread(target=eng.serve_forever, daemon=True)
-    loop.start()
-    out = []
-    try:
-        for h in handles:
-            try:
-                out.append(h.wait(30))
-            except EngineError as e:
-                out.append(e)
-    finally:
-        eng.close()
-        loop.join(10)
-    return out
 
 
 def test_a_shared_forward_that_fails_is_rerun_row_by_row_and_fails_only_its_culprit(caplog):
