@@ -264,16 +264,9 @@ def test_a_row_that_fails_in_a_shared_step_fails_alone():
     eng = BuiltinEngine(target, {"bad": lambda cap: Malformed()}, CONFIG, start_worker=False)
     bad = dataclasses.replace(req("bad:2", temperature=0.8, seed=1, ignore_eos=True), request_id="bad",
                               fixed_gamma=True)  # verified whole, whatever the budget
-    handles = [eng.submit(r) for r in (req(ignore_eos=True), bad, req(temperature=0.8, seed=2, ignore_eos=True))]
-    loop = threading.Thread(target=eng.serve_forever, daemon=True)
-    loop.start()
-    try:
-        with pytest.raises(EngineError, match="internal error in request bad"):
-            handles[1].wait(30)
-        assert [h.wait(30).stats.output_tokens for h in handles[::2]] == [12, 12]
-    finally:
-        eng.close()
-        loop.join(10)
+    served = _serve(eng, [req(ignore_eos=True), bad, req(temperature=0.8, seed=2, ignore_eos=True)])
+    assert isinstance(served[1], EngineError) and "internal error in request bad" in str(served[1])
+    assert [r.stats.output_tokens for r in served[::2]] == [12, 12]
 
 
 def test_a_shared_forward_that_fails_is_rerun_row_by_row_and_fails_only_its_culprit(caplog):
