@@ -23,6 +23,7 @@ from engines.api import GenerationRequest, SamplingParams
 from engines.arms import Arm, ArmMenu
 from engines.builtin import BuiltinEngine
 from engines.config import EngineConfig, NgramDraftConfig, TargetConfig
+from engines.errors import EngineError
 from engines.llama import LlamaConfig, LlamaModel, LlamaWeights
 from engines.loading import LoadedModel
 from engines.proposers import NgramProposer
@@ -67,17 +68,28 @@ def engine_over(target: LlamaModel, words=WORDS, *, max_context: int = 128, gamm
                          start_worker=False, cost=cost)
 
 
-def run_together(engine: BuiltinEngine, requests: list[GenerationRequest], timeout: float = 120):
+def run_together(engine: BuiltinEngine, requests: list[GenerationRequest], timeout: float = 120,
+                 errors: bool = False):
     """Submit all before the loop starts, so that they share steps; serve them on
-    a thread; return their results in order."""
+    a thread; return their results in order (with `errors`, the EngineError a
+    request ended with in its place, instead of raising it)."""
     handles = [engine.submit(r) for r in requests]
     t = threading.Thread(target=engine.serve_forever, daemon=True)
     t.start()
     try:
-        return [h.wait(timeout) for h in handles]
+        return [_result(h, timeout, errors) for h in handles]
     finally:
         engine.close()
         t.join(10)
+
+
+def _result(handle, timeout: float, errors: bool):
+    try:
+        return handle.wait(timeout)
+    except EngineError as e:
+        if not errors:
+            raise
+        return e
 
 
 def token_request(i, ids, arm="plain", **sampling) -> GenerationRequest:

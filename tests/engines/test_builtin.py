@@ -16,7 +16,7 @@ from engines.llama import LlamaModel
 from engines.loading import check_tokenizers_match
 from engines.proposers import ModelDraftProposer, NgramProposer
 from engines.proposers.base import Proposal, ProposerBase
-from tests.helpers import WORDS, tiny_loaded, tiny_tokenizer
+from tests.helpers import WORDS, run_together, tiny_loaded, tiny_tokenizer
 
 CONFIG = EngineConfig(drafts=[NgramDraftConfig(), LayerDraftConfig(name="half", first_k=2)],
                       gamma_max=6, max_queue=4)
@@ -43,24 +43,6 @@ def engine():
 def req(arm="plain", prompt="hello world the cat", **sampling):
     return GenerationRequest(request_id="r", prompt=prompt, arm=Arm.parse(arm),
                              sampling=SamplingParams(**{"max_tokens": 12, **sampling}))
-
-
-def _serve(eng: BuiltinEngine, requests: list[GenerationRequest]) -> list:
-    """Each request's result, or the error it ended with, served by one decode loop."""
-    handles = [eng.submit(r) for r in requests]
-    loop = threading.Thread(target=eng.serve_forever, daemon=True)
-    loop.start()
-    out = []
-    try:
-        for h in handles:
-            try:
-                out.append(h.wait(30))
-            except EngineError as e:
-                out.append(e)
-    finally:
-        eng.close()
-        loop.join(10)
-    return out
 
 
 def test_streamed_deltas_add_up_to_the_result(engine):
@@ -210,7 +192,7 @@ def test_a_draft_that_raises_leaves_its_requests_decoding_without_drafts(caplog)
                 for i, (arm, p) in enumerate([("broken:2", "hello world the cat"), ("together:3", "the cat the"),
                                               ("together:3", "world hello"), ("plain", "cat world")])]
     with caplog.at_level("ERROR", logger="engines.scheduler"):
-        served = _serve(eng, requests)
+        served = run_together(eng, requests, errors=True)
     assert "drafting with broken failed for r0" in caplog.text
     assert "drafting with together failed for r1, r2" in caplog.text
     plain = BuiltinEngine(tiny_loaded(), {}, CONFIG)
@@ -264,7 +246,7 @@ def test_a_row_that_fails_in_a_shared_step_fails_alone():
     eng = BuiltinEngine(target, {"bad": lambda cap: Malformed()}, CONFIG, start_worker=False)
     bad = dataclasses.replace(req("bad:2", temperature=0.8, seed=1, ignore_eos=True), request_id="bad",
                               fixed_gamma=True)  # verified whole, whatever the budget
-    served = _serve(eng, [req(ignore_eos=True), bad, req(temperature=0.8, seed=2, ignore_eos=True)])
+    served = run_together(eng, [req(ignore_eos=True), bad, req(temperature=0.8, seed=2, ignore_eos=True)], errors=True)
     assert isinstance(served[1], EngineError) and "internal error in request bad" in str(served[1])
     assert [r.stats.output_tokens for r in served[::2]] == [12, 12]
 
@@ -281,17 +263,12 @@ def test_a_shared_forward_that_fails_is_rerun_row_by_row_and_fails_only_its_culp
                                                  ("ngram:4", "the cat the cat the", 0.0),
                                                  ("half:3", "world hello cat", 0.8)])]
 
-    def engine(start_worker=False):
+    def engine():
         target = tiny_loaded(scale=4.0)
         sub = LlamaModel(target.model.cfg, target.model.weights, [0, 1])
         return BuiltinEngine(target, {"ngram": lambda cap: NgramProposer(1, 3),
-                                      "half": lambda cap: ModelDraftProposer(sub, cap)}, CONFIG,
-                             start_worker=start_worker)
-    alone = []
-    for r in requests:
-        eng = engine(start_worker=True)
-        alone.append(eng.generate(r))
-        eng.close()
+                                      "half": lambda cap: ModelDraftProposer(sub, cap)}, CONFIG, start_worker=False)
+    alone = [run_together(engine(), [r])[0] for r in requests]
 
     def engine_whose_forward(fails):
         eng = engine()
@@ -306,7 +283,7 @@ def test_a_shared_forward_that_fails_is_rerun_row_by_row_and_fails_only_its_culp
         return eng
 
     with caplog.at_level("WARNING", logger="engines.scheduler"):
-        batched = _serve(engine_whose_forward(lambda items, _: len(items) > 1), requests)
+        batched = run_together(engine_whose_forward(lambda items, _: len(items) > 1), requests)
     assert "running them one by one" in caplog.text
     assert [r.token_ids for r in batched] == [r.token_ids for r in alone]
 
@@ -314,7 +291,7 @@ def test_a_shared_forward_that_fails_is_rerun_row_by_row_and_fails_only_its_culp
         bad = {id(r.cache) for r in sched.running if r.handle.request_id == "bad"}
         return any(id(cache) in bad for _, cache, _ in items)
     culprit = dataclasses.replace(requests[0], request_id="bad")
-    served = _serve(engine_whose_forward(bad_row), [requests[1], culprit, requests[2]])
+    served = run_together(engine_whose_forward(bad_row), [requests[1], culprit, requests[2]], errors=True)
     assert isinstance(served[1], EngineError) and "internal error in request bad" in str(served[1])
     assert [r.token_ids for r in served[::2]] == [alone[1].token_ids, alone[2].token_ids]
 
