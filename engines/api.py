@@ -75,6 +75,9 @@ class GenerationStats:
     # the decode time by what the same rounds would have cost undrafted: the learner's yardstick
     # where plain requests are few. None: the serving engine does not say.
     speculation_s: float | None = None
+    # set when drafting raised mid-request (which draft, the exception's type): the rest of the request
+    # was decoded without drafts, so its output is still the target's, at plain speed
+    draft_error: str = ""
 
     @property
     def drafted(self) -> int:

@@ -374,6 +374,7 @@ class Scheduler:
                   ", ".join(r.handle.request_id for r in rows), exc_info=e)
         for r in rows:
             r.proposer = None
+            r.stats.draft_error = f"drafting with {r.draft} failed ({type(e).__name__}): decoded on without drafts"
 
     def _fail(self, r: Running, e: BaseException) -> None:
         log.error("request %s failed: %s", r.handle.request_id, e, exc_info=e)

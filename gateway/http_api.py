@@ -172,6 +172,8 @@ def outcome_json(s: Served) -> tuple[dict, dict]:
                     "mean_accepted_length": st.mean_accepted_length, "rounds": st.rounds,
                     "acceptance_source": st.acceptance_source},
            "timings": {"queue_s": s.queue_s, "ttft_s": s.ttft_s, "total_s": s.total_s}}
+    if st.draft_error:  # the draft failed mid-request; the rest was decoded without drafts
+        ext["spec"]["draft_error"] = st.draft_error
     return usage, ext
 
 

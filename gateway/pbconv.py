@@ -53,7 +53,7 @@ def response_pb(request_id: str, result: GenerationResult, decision: Decision, e
         decision=decision_pb(decision),
         spec=pb.SpecStats(drafted=st.drafted, accepted=st.accepted, acceptance_rate=st.acceptance_rate,
                           mean_accepted_length=st.mean_accepted_length, rounds=st.rounds,
-                          acceptance_source=st.acceptance_source),
+                          acceptance_source=st.acceptance_source, draft_error=st.draft_error),
         timings=pb.Timings(queue_s=queue_s, ttft_s=ttft_s, total_s=total_s), engine=engine, seed=st.seed)
 
 
@@ -105,7 +105,7 @@ def result_pb(res: GenerationResult) -> pb.EngineResult:
         output_tokens=s.output_tokens, drafted_per_round=s.drafted_per_round, accepted_per_round=s.accepted_per_round,
         verified_per_round=s.verified_per_round, rounds=s.rounds, queue_s=s.queue_s, prefill_s=s.prefill_s,
         draft_s=s.draft_s, verify_s=s.verify_s, ttft_s=s.ttft_s, total_s=s.total_s, seed=s.seed, arm=s.arm,
-        acceptance_source=s.acceptance_source, speculation_s=s.speculation_s)
+        acceptance_source=s.acceptance_source, speculation_s=s.speculation_s, draft_error=s.draft_error)
 
 
 def result_from_pb(request_id: str, r: pb.EngineResult) -> GenerationResult:
@@ -115,7 +115,7 @@ def result_from_pb(request_id: str, r: pb.EngineResult) -> GenerationResult:
         verified_per_round=list(r.verified_per_round), accepted_per_round=list(r.accepted_per_round),
         queue_s=r.queue_s, prefill_s=r.prefill_s, draft_s=r.draft_s, verify_s=r.verify_s, ttft_s=r.ttft_s,
         total_s=r.total_s, acceptance_source=r.acceptance_source or "measured",
-        speculation_s=r.speculation_s if r.HasField("speculation_s") else None)
+        speculation_s=r.speculation_s if r.HasField("speculation_s") else None, draft_error=r.draft_error)
     return GenerationResult(request_id, r.text, tuple(r.token_ids), stats)
 
 

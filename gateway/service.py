@@ -214,6 +214,8 @@ class GatewayService:
         self.instr.requests.add(1, attrs[0])
         if st.drafted:
             self.instr.acceptance.record(st.acceptance_rate, attrs[1])
+        if st.draft_error:
+            self.instr.draft_errors.add(1, attrs[1])
         if st.total_s > 0:
             self.instr.tokens_per_s.record(st.tokens_per_s, attrs[2])
         self.instr.ttft.record(s.ttft_s)

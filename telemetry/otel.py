@@ -80,6 +80,8 @@ class Instrumentation:
         meter = self._meter = mp.get_meter("specgate.gateway")
         self.requests = meter.create_counter("specgate.requests", description="requests by arm and source")
         self.acceptance = meter.create_histogram("specgate.acceptance_rate", description="per-request acceptance")
+        self.draft_errors = meter.create_counter("specgate.draft_errors", description="requests whose drafting "
+                                                 "failed, by draft (decoded on without drafts)")
         self.tokens_per_s = meter.create_histogram("specgate.output_tokens_per_s",
                                                    description="a request's output tokens per second")
         self.decision_latency = meter.create_histogram("specgate.decision.duration", unit="s")
@@ -134,7 +136,7 @@ def decision_attributes(features, decision) -> dict:
 
 
 def outcome_attributes(stats, ttft_s: float) -> dict:
-    return {
+    return ({"specgate.spec.draft_error": stats.draft_error} if stats.draft_error else {}) | {
         "gen_ai.usage.input_tokens": stats.prompt_tokens,
         "gen_ai.usage.output_tokens": stats.output_tokens,
         "gen_ai.response.finish_reasons": [stats.finish_reason],

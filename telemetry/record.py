@@ -55,6 +55,7 @@ class ResultRecord:
     finish_reason: str = ""
     acceptance_source: str = "measured"
     speculation_s: float | None = None  # what drafting and verification added (engines.api.GenerationStats)
+    draft_error: str = ""  # drafting failed mid-request; the rest decoded without drafts (GenerationStats)
 
     @property
     def drafted(self) -> int:
@@ -76,7 +77,7 @@ class ResultRecord:
             accepted_per_round=list(stats.accepted_per_round), prefill_s=stats.prefill_s,
             decode_s=max(stats.total_s - stats.prefill_s, 0.0), total_s=stats.total_s, queue_s=stats.queue_s,
             ttft_s=ttft_s, finish_reason=stats.finish_reason, acceptance_source=stats.acceptance_source,
-            speculation_s=stats.speculation_s)
+            speculation_s=stats.speculation_s, draft_error=stats.draft_error)
 
 
 _RESULT_FIELDS = {f.name for f in fields(ResultRecord)}

@@ -4,7 +4,8 @@ Per category and arm: requests, acceptance (accepted over verified draft
 tokens), the speedup over plain the policy predicted and the one realised
 (each request's tokens per second over what plain decoding managed at the same
 load, from the plain requests in the same window), how often the acceptance
-guard excluded a draft; then the policy versions over time and the retrainer's
+guard excluded a draft, and how many requests' drafting failed (served on
+without drafts); then the policy versions over time and the retrainer's
 promotion judgements.
 """
 
@@ -28,6 +29,7 @@ class Cell:
     predicted: list[float] = field(default_factory=list)
     realised: list[float] = field(default_factory=list)
     guarded: int = 0
+    draft_errors: int = 0
 
 
 def read(client, count: int) -> tuple[list[OutcomeRecord], int]:
@@ -59,13 +61,14 @@ def summarise(records: list[OutcomeRecord]) -> dict:
         if row is not None:
             c.realised.append(observed_speed(row, step))
         c.guarded += "guard excluded" in rec.decision.reason
+        c.draft_errors += bool(res.draft_error)
         if not versions or versions[-1][1] != rec.decision.policy_version:
             versions.append((rec.time, rec.decision.policy_version))
     table = {f"{cat}|{arm}": dict(category=cat, arm=arm, requests=c.requests,
                                   acceptance=round(c.accepted / c.verified, 3) if c.verified else None,
                                   predicted=round(float(np.mean(c.predicted)), 3),
                                   realised=round(float(np.median(c.realised)), 3) if c.realised else None,
-                                  guard_trips=c.guarded)
+                                  guard_trips=c.guarded, draft_errors=c.draft_errors)
              for (cat, arm), c in sorted(cells.items())}
     return dict(records=len(records), plain_step_s=[round(float(v), 5) for v in step], table=table,
                 versions=[dict(time=t, version=v) for t, v in versions])
@@ -74,13 +77,13 @@ def summarise(records: list[OutcomeRecord]) -> dict:
 def markdown(summary: dict, decisions: list[dict]) -> str:
     lines = [f"{summary['records']} outcomes; plain step {summary['plain_step_s'][0] * 1e3:.1f} ms "
              f"+ {summary['plain_step_s'][1] * 1e3:.2f} ms per request of load", "",
-             "| category | arm | requests | acceptance | predicted x | realised x | guard trips |",
-             "|---|---|---|---|---|---|---|"]
+             "| category | arm | requests | acceptance | predicted x | realised x | guard trips | draft errors |",
+             "|---|---|---|---|---|---|---|---|"]
     for row in summary["table"].values():
         acc = "" if row["acceptance"] is None else f"{row['acceptance']:.2f}"
         real = "" if row["realised"] is None else f"{row['realised']:.2f}"
         lines.append(f"| {row['category']} | {row['arm']} | {row['requests']} | {acc} | {row['predicted']:.2f} | "
-                     f"{real} | {row['guard_trips']} |")
+                     f"{real} | {row['guard_trips']} | {row['draft_errors']} |")
     lines += ["", "Policy versions served, in order: " + " -> ".join(v["version"] for v in summary["versions"])]
     if decisions:
         # attempt (its z) and the prior-priced share: why a bound above zero may still not promote

@@ -149,6 +149,13 @@ def tiny_engine(config: EngineConfig = ENGINE_CONFIG, **drafts) -> BuiltinEngine
     return BuiltinEngine(target, drafts, config)
 
 
+class RaisingDraft(ProposerBase):
+    """A draft whose every proposal raises."""
+
+    def propose(self, *a):
+        raise RuntimeError("boom")
+
+
 def slow_engine(step_s=0.02, **kw) -> BuiltinEngine:
     """A tiny engine whose every step takes step_s: requests last long enough to
     cancel, time out or drain."""

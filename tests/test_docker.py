@@ -67,19 +67,25 @@ def test_the_grafana_dashboard_reads_only_metrics_the_gateway_exports():
 
     from opentelemetry.sdk.metrics import MeterProvider
 
+    from engines.config import EngineConfig, NgramDraftConfig, TargetConfig
+    from engines.proposers import NgramProposer
     from telemetry.otel import Instrumentation, prometheus_reader
     from telemetry.outcomes import MemoryOutcomeSink
-    from tests.helpers import request, start_gateway
+    from tests.helpers import RaisingDraft, request, start_gateway, tiny_engine
 
     dash = json.loads((DOCKER / "grafana" / "dashboards" / "specgate.json").read_text())
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
     wanted = {m for e in exprs for m in re.findall(r"\b((?:specgate|gen_ai)_[a-z0-9_]+)", e)}
     reader, render = prometheus_reader()
     sink = MemoryOutcomeSink()
-    g = start_gateway(instrumentation=Instrumentation(meter_provider=MeterProvider(metric_readers=[reader]),
-                                                      sink=sink), sink=sink)
+    # a draft that raises: the counter of failed drafting is served only once it counts something
+    cfg = EngineConfig(target=TargetConfig(max_context=96),
+                       drafts=[NgramDraftConfig(), NgramDraftConfig(name="broken")])
+    engine = tiny_engine(cfg, ngram=lambda cap: NgramProposer(1, 3), broken=lambda cap: RaisingDraft())
+    g = start_gateway(engine, instrumentation=Instrumentation(meter_provider=MeterProvider(metric_readers=[reader]),
+                                                              sink=sink), sink=sink)
     try:
-        for arm in ("plain", "ngram:3"):
+        for arm in ("plain", "ngram:3", "broken:2"):
             g.stub.Generate(request(arm=arm))
         served = {line.split("{")[0].split(" ")[0] for line in render().decode().splitlines()
                   if line and not line.startswith("#")}

@@ -88,20 +88,22 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ...) -> None: ...
 
 class SpecStats(_message.Message):
-    __slots__ = ("drafted", "accepted", "acceptance_rate", "mean_accepted_length", "rounds", "acceptance_source")
+    __slots__ = ("drafted", "accepted", "acceptance_rate", "mean_accepted_length", "rounds", "acceptance_source", "draft_error")
     DRAFTED_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     ACCEPTANCE_RATE_FIELD_NUMBER: _ClassVar[int]
     MEAN_ACCEPTED_LENGTH_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTANCE_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_ERROR_FIELD_NUMBER: _ClassVar[int]
     drafted: int
     accepted: int
     acceptance_rate: float
     mean_accepted_length: float
     rounds: int
     acceptance_source: str
-    def __init__(self, drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., rounds: _Optional[int] = ..., acceptance_source: _Optional[str] = ...) -> None: ...
+    draft_error: str
+    def __init__(self, drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., rounds: _Optional[int] = ..., acceptance_source: _Optional[str] = ..., draft_error: _Optional[str] = ...) -> None: ...
 
 class Timings(_message.Message):
     __slots__ = ("queue_s", "ttft_s", "total_s")
@@ -275,7 +277,7 @@ class EngineEvent(_message.Message):
     def __init__(self, text: _Optional[str] = ..., result: _Optional[_Union[EngineResult, _Mapping]] = ...) -> None: ...
 
 class EngineResult(_message.Message):
-    __slots__ = ("text", "token_ids", "finish_reason", "prompt_tokens", "output_tokens", "drafted_per_round", "accepted_per_round", "rounds", "queue_s", "prefill_s", "draft_s", "verify_s", "ttft_s", "total_s", "seed", "arm", "acceptance_source", "verified_per_round", "speculation_s")
+    __slots__ = ("text", "token_ids", "finish_reason", "prompt_tokens", "output_tokens", "drafted_per_round", "accepted_per_round", "rounds", "queue_s", "prefill_s", "draft_s", "verify_s", "ttft_s", "total_s", "seed", "arm", "acceptance_source", "verified_per_round", "speculation_s", "draft_error")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -295,6 +297,7 @@ class EngineResult(_message.Message):
     ACCEPTANCE_SOURCE_FIELD_NUMBER: _ClassVar[int]
     VERIFIED_PER_ROUND_FIELD_NUMBER: _ClassVar[int]
     SPECULATION_S_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_ERROR_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     finish_reason: str
@@ -314,7 +317,8 @@ class EngineResult(_message.Message):
     acceptance_source: str
     verified_per_round: _containers.RepeatedScalarFieldContainer[int]
     speculation_s: float
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., drafted_per_round: _Optional[_Iterable[int]] = ..., accepted_per_round: _Optional[_Iterable[int]] = ..., rounds: _Optional[int] = ..., queue_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., draft_s: _Optional[float] = ..., verify_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., total_s: _Optional[float] = ..., seed: _Optional[int] = ..., arm: _Optional[str] = ..., acceptance_source: _Optional[str] = ..., verified_per_round: _Optional[_Iterable[int]] = ..., speculation_s: _Optional[float] = ...) -> None: ...
+    draft_error: str
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., drafted_per_round: _Optional[_Iterable[int]] = ..., accepted_per_round: _Optional[_Iterable[int]] = ..., rounds: _Optional[int] = ..., queue_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., draft_s: _Optional[float] = ..., verify_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., total_s: _Optional[float] = ..., seed: _Optional[int] = ..., arm: _Optional[str] = ..., acceptance_source: _Optional[str] = ..., verified_per_round: _Optional[_Iterable[int]] = ..., speculation_s: _Optional[float] = ..., draft_error: _Optional[str] = ...) -> None: ...
 
 class CountTokensRequest(_message.Message):
     __slots__ = ("text",)

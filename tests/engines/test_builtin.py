@@ -16,17 +16,10 @@ from engines.llama import LlamaModel
 from engines.loading import check_tokenizers_match
 from engines.proposers import ModelDraftProposer, NgramProposer
 from engines.proposers.base import Proposal, ProposerBase
-from tests.helpers import WORDS, run_together, tiny_loaded, tiny_tokenizer
+from tests.helpers import WORDS, RaisingDraft, run_together, tiny_loaded, tiny_tokenizer
 
 CONFIG = EngineConfig(drafts=[NgramDraftConfig(), LayerDraftConfig(name="half", first_k=2)],
                       gamma_max=6, max_queue=4)
-
-
-class Broken(ProposerBase):
-    """A draft whose every proposal raises."""
-
-    def propose(self, *a):
-        raise RuntimeError("boom")
 
 
 @pytest.fixture(scope="module")
@@ -184,10 +177,11 @@ class BrokenTogether(ProposerBase):
 def test_a_draft_that_raises_leaves_its_requests_decoding_without_drafts(caplog):
     """Drafting that raises, alone or in a batch of rows drafting together, fails no
     request: each decodes on without drafts and gets the target's own output (a
-    draft only proposes), the failure logged with the request ids."""
+    draft only proposes), the failure logged with the request ids and named in
+    each such request's result."""
     target = tiny_loaded()
-    eng = BuiltinEngine(target, {"broken": lambda cap: Broken(), "together": lambda cap: BrokenTogether()}, CONFIG,
-                        start_worker=False)
+    eng = BuiltinEngine(target, {"broken": lambda cap: RaisingDraft(), "together": lambda cap: BrokenTogether()},
+                        CONFIG, start_worker=False)
     requests = [dataclasses.replace(req(arm, prompt=p, ignore_eos=True), request_id=f"r{i}")
                 for i, (arm, p) in enumerate([("broken:2", "hello world the cat"), ("together:3", "the cat the"),
                                               ("together:3", "world hello"), ("plain", "cat world")])]
@@ -202,6 +196,12 @@ def test_a_draft_that_raises_leaves_its_requests_decoding_without_drafts(caplog)
         plain.close()
     assert [r.token_ids for r in served] == expected
     assert [sum(r.stats.drafted_per_round) for r in served] == [0, 0, 0, 0]
+    assert [r.stats.draft_error for r in served] == [f"drafting with {d} failed (RuntimeError): decoded on without "
+                                                     "drafts" for d in ("broken", "together", "together")] + [""]
+    from gateway.pbconv import result_from_pb, result_pb  # a worker's results cross the wire with it
+
+    assert [result_from_pb(r.request_id, result_pb(r)).stats.draft_error for r in served] == [
+        r.stats.draft_error for r in served]
 
 
 def test_a_warm_up_times_each_model_draft_and_forgets_what_it_saw(caplog):
@@ -213,7 +213,7 @@ def test_a_warm_up_times_each_model_draft_and_forgets_what_it_saw(caplog):
     target = tiny_loaded(scale=4.0)
     sub = LlamaModel(target.model.cfg, target.model.weights, [0, 1])
     drafts = {"ngram": lambda cap: NgramProposer(1, 3), "half": lambda cap: ModelDraftProposer(sub, cap),
-              "broken": lambda cap: Broken()}
+              "broken": lambda cap: RaisingDraft()}
     eng = BuiltinEngine(target, drafts, CONFIG, start_worker=False)
     before = eng.load()
     assert before.drafting_s == () and len(before.lone_step_s) == CONFIG.gamma_max + 1

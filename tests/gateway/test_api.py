@@ -260,3 +260,45 @@ def test_drain_finishes_in_flight_calls_and_refuses_new_ones():
     finally:
         g.engine.close()
         g.channel.close()
+
+
+def test_a_request_whose_draft_fails_gets_the_targets_output_and_says_so():
+    """Drafting that raises mid-request: the caller still gets the target's output
+    (over gRPC and the OpenAI API alike), with spec.draft_error naming the draft;
+    the outcome record keeps it and the draft_errors counter counts it per draft."""
+    import http.client
+    import json
+
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from engines.config import EngineConfig, NgramDraftConfig, TargetConfig
+    from telemetry.otel import Instrumentation
+    from telemetry.outcomes import MemoryOutcomeSink
+    from tests.helpers import RaisingDraft
+
+    cfg = EngineConfig(target=TargetConfig(max_context=96), drafts=[NgramDraftConfig(name="broken")], gamma_max=4)
+    reader, sink = InMemoryMetricReader(), MemoryOutcomeSink()
+    g = start_gateway(tiny_engine(cfg, broken=lambda cap: RaisingDraft()), http=True, sink=sink,
+                      instrumentation=Instrumentation(meter_provider=MeterProvider(metric_readers=[reader])))
+    try:
+        plain = g.stub.Generate(request(arm="plain"))
+        assert plain.spec.draft_error == ""
+        failed = g.stub.Generate(request(arm="broken:3"))
+        assert failed.decision.arm == "broken:3" and failed.text == plain.text and failed.spec.drafted == 0
+        assert failed.spec.draft_error == "drafting with broken failed (RuntimeError): decoded on without drafts"
+        conn = http.client.HTTPConnection("127.0.0.1", g.http_port, timeout=30)
+        conn.request("POST", "/v1/completions", headers={"Content-Type": "application/json"}, body=json.dumps(
+            {"prompt": "hello world the cat", "max_tokens": 8, "temperature": 0, "specgate": {"arm": "broken:3"}}))
+        body = json.loads(conn.getresponse().read())
+        conn.close()
+        assert body["choices"][0]["text"] == plain.text
+        assert body["specgate"]["spec"]["draft_error"] == failed.spec.draft_error
+        records = {r.request_id: r.result.draft_error for r in sink.items}
+        assert records[plain.request_id] == "" and records[failed.request_id] == failed.spec.draft_error
+        counts = {tuple(p.attributes.items()): p.value for rm in reader.get_metrics_data().resource_metrics
+                  for sm in rm.scope_metrics for m in sm.metrics if m.name == "specgate.draft_errors"
+                  for p in m.data.data_points}
+        assert counts == {(("draft", "broken"),): 2}
+    finally:
+        g.close()

@@ -1,5 +1,6 @@
 """`specgate report` on a real outcome stream: per category and arm, predicted
-against realised speedup, acceptance, guard trips, versions and judgements."""
+against realised speedup, acceptance, guard trips, draft errors, versions and
+judgements."""
 
 import argparse
 import json
@@ -14,7 +15,7 @@ from telemetry.retrainer import DECISIONS
 from tests.helpers import world_context
 
 
-def record(i, arm: Arm, version: str, reason: str = ""):
+def record(i, arm: Arm, version: str, reason: str = "", draft_error: str = ""):
     import random
 
     f = world_context(random.Random(i))
@@ -23,7 +24,7 @@ def record(i, arm: Arm, version: str, reason: str = ""):
     else:  # 40 tokens in 16 rounds of 0.06 s: 40 * 0.05 / 0.96 ≈ 2.08x plain
         st = GenerationStats(arm=arm.name, output_tokens=41, rounds=16, drafted_per_round=[4] * 16,
                              verified_per_round=[4] * 16, accepted_per_round=[1, 2] * 8 + [], total_s=1.06,
-                             prefill_s=0.1)
+                             prefill_s=0.1, draft_error=draft_error)
     d = Decision(arm, "policy", None, version, "r", {arm.name: 1.8 if not arm.is_plain else 1.0}, 0.9, reason=reason)
     return OutcomeRecord.of(f"q{i}", "", "local", f, d, st, 0.1)
 
@@ -31,7 +32,8 @@ def record(i, arm: Arm, version: str, reason: str = ""):
 def test_report_shows_what_paid(rclient, redis_server, capsys, tmp_path):
     for i in range(40):
         rec = record(i, Arm() if i % 2 else Arm("ngram", 4), "v1" if i < 20 else "v2",
-                     "ngram:4 predicted ...; guard excluded ['selfspec']" if i % 4 == 0 else "")
+                     "ngram:4 predicted ...; guard excluded ['selfspec']" if i % 4 == 0 else "",
+                     "drafting with ngram failed (RuntimeError): ..." if i % 8 == 2 else "")
         rclient.xadd(STREAM, {"v": "2", "id": rec.request_id, "record": rec.to_json()})
     rclient.lpush(DECISIONS, json.dumps(dict(candidate="v2", live="v1", evaluated_rows=30, candidate_value=1.4,
                                              live_value=1.2, lower_bound=0.05, promoted=True, time=1.0)))
@@ -45,6 +47,7 @@ def test_report_shows_what_paid(rclient, redis_server, capsys, tmp_path):
     assert all(abs(r["realised"] - 2.08) < 0.15 and r["predicted"] == 1.8 for r in ngram)
     assert all(r["acceptance"] == 0.375 for r in ngram)  # 24 of 64 verified drafts per request
     assert sum(r["guard_trips"] for r in out["table"].values()) == 10
+    assert sum(r["draft_errors"] for r in ngram) == 5 == sum(r["draft_errors"] for r in out["table"].values())
     assert [v["version"] for v in out["versions"]] == ["v1", "v2"]
     assert out["judgements"][0]["promoted"] and (tmp_path / "r.png").stat().st_size > 1000
 
