@@ -33,7 +33,8 @@ from engines.config import EngineConfig
 from engines.drafts import ProposerFactory, build_drafts, may_pack
 from engines.errors import EngineError, InvalidRequest, Overloaded
 from engines.loading import LoadedModel, default_cache_dir, default_target_path, load_model
-from engines.profile import Profile, choose_layout, fit_cost
+from engines.profile import Profile, fit_cost
+from engines.profile_cache import cpu_profile
 from engines.sampling import validate_sampling
 from engines.scheduler import Scheduler
 from engines.stepcost import StepCost
@@ -198,8 +199,8 @@ class BuiltinEngine:
         drafts = build_drafts(config, target, cache_dir)
         if t.device == "cpu":
             weights = [target.model.weights] + drafts.weights
-            prof = choose_layout(target.model, weights, t.pack_weights if may_pack(t) else False, t.threads,
-                                 t.bf16_matmuls)
+            prof = cpu_profile(target.model, weights, t.pack_weights if may_pack(t) else False, t.threads,
+                               t.bf16_matmuls, cache_dir if t.profile_cache else None)
         else:
             if t.threads:
                 torch.set_num_threads(t.threads)

@@ -25,7 +25,7 @@ class TargetConfig(_Strict):
     device: str = "cpu"
     """torch device, e.g. cpu, cuda, cuda:1."""
     cache_dir: str | None = None
-    """Where converted GGUF weights are kept. None: $SPECGATE_CACHE or ~/.cache/specgate."""
+    """Where converted GGUF weights and start-up profiles are kept. None: $SPECGATE_CACHE or ~/.cache/specgate."""
     max_context: int = Field(4096, ge=16)
     """Prompt plus output tokens allowed per request (capped by the model's own limit)."""
     threads: int | None = Field(None, ge=1)
@@ -36,6 +36,12 @@ class TargetConfig(_Strict):
     that wins on one CPU loses 1.4-1.6x on another); with dense weights, also keep one MKL-packed
     copy of the weights (in memory beside them) for forwards from the row count where it wins
     (engines/layouts.py). False: plain dense weights only."""
+    profile_cache: bool = True
+    """On CPU, keep the start-up profile (the layout and threads chosen, the forwards' prices) in
+    cache_dir under a key of this machine (CPU model, family, stepping and flags; usable cores; torch's
+    version), the models' shapes and dtype and the layout options, so that a restart with the same key
+    skips the ~35 s of measuring (engines/profile_cache.py). The step-cost model keeps learning from
+    every step either way. False: measure at every start."""
     bf16_matmuls: bool | Literal["auto"] = False
     """On CPU in float32, run the matmuls alone in bfloat16 (weights and their inputs rounded to it,
     products summed in float32; norms, attention and sampling stay float32). On an Intel Xeon with AMX

@@ -62,6 +62,22 @@ class Profile:
                 f"{self._packs_cost()}; one row, by tokens "
                 f"fed: {' '.join(f'{t}:{s * 1e3:.1f}' for t, s in sorted(self.cost.lone.items()))} ms")
 
+    def to_dict(self) -> dict:
+        return dict(threads=self.threads, layout=self.layout, step_s=self.step_s, cost=self.cost.to_dict(),
+                    packed_from=self.packed_from, pack_s={str(n): list(v) for n, v in self.pack_s.items()})
+
+    @staticmethod
+    def from_dict(d: dict) -> Profile:
+        """From to_dict() output; ValueError (or TypeError, KeyError) on anything else."""
+        prof = Profile(int(d["threads"]), str(d["layout"]), {str(k): float(v) for k, v in dict(d["step_s"]).items()},
+                       StepCost.from_dict(d["cost"]), d["packed_from"],
+                       {int(n): (float(v[0]), float(v[1])) for n, v in dict(d["pack_s"]).items()})
+        if prof.threads < 1 or prof.layout not in LAYOUTS or prof.packed_from != prof.cost.packed_from or (
+                prof.packed_from is not None and not {prof.packed_from, LONE_TOKENS} <= set(prof.pack_s)) or (
+                sorted(prof.cost.lone) != list(range(1, LONE_TOKENS + 1))):
+            raise ValueError("not a profile this version made")
+        return prof
+
     def _packs_cost(self) -> str:
         return f" + {self.cost.g * 1e3:.1f} ms packed" if self.packed_from else ""
 
@@ -99,6 +115,12 @@ def _fastest_steps(model: LlamaModel, shapes: list[list[tuple[int, bool]]], cont
     # burst of it during a few repeats must not rank a 9-token forward below a 1-token one;
     # the first round pays for lazy initialisation
     return [min(t[1:]) for t in times]
+
+
+def decode_step_s(model: LlamaModel) -> float:
+    """The fastest of a few one-token decode steps, as fit_cost times a lone row's
+    first table entry: what a kept profile is checked against (profile_cache)."""
+    return _fastest_steps(model, [[(1, False)]], repeats=5)[0]
 
 
 # batched shapes timed at start-up (tokens per row): decode batches, batches where some rows

@@ -11,6 +11,7 @@ of measured seconds per token count, times the machine's pace since.
 from __future__ import annotations
 
 import collections
+import math
 
 import numpy as np
 from scipy.optimize import nnls
@@ -61,6 +62,23 @@ class StepCost:
         self._lone_fit: dict[int, float] | None = None  # its monotone fit, remade when the table moves
         self._obs: collections.deque = collections.deque(maxlen=window)
         self._since_fit = 0
+
+    def to_dict(self) -> dict:
+        """The prices (not the window of steps behind them), for a profile kept on disk."""
+        return dict(a=self.a, b=self.b, c=self.c, d=self.d, e=self.e, g=self.g, packed_from=self.packed_from,
+                    lone={str(t): s for t, s in self.lone.items()})
+
+    @staticmethod
+    def from_dict(d: dict) -> StepCost:
+        """From to_dict() output; ValueError (or TypeError) on anything else."""
+        prices = [float(d[k]) for k in "abcdeg"]
+        lone = {int(t): float(s) for t, s in dict(d["lone"]).items()}
+        packed_from = d["packed_from"]
+        if not all(map(math.isfinite, prices + list(lone.values()))) or min(lone.values(), default=1.0) <= 0 or (
+                packed_from is not None and (not isinstance(packed_from, int) or packed_from < 1)):
+            raise ValueError("step-cost prices out of range")
+        a, b, c, dd, e, g = prices
+        return StepCost(a, b, c, dd, lone=lone, e=e, g=g, packed_from=packed_from)
 
     def seconds(self, tokens: int, rows: int, multi: int = 0) -> float:
         """The linear model: `features`' columns written out (the budget prices hundreds of forwards a step)."""
