@@ -55,6 +55,8 @@ def write_tiny_engine(directory: Path, max_context: int = 96, hidden: int = 32, 
     model.save_pretrained(directory / "model")
     tiny_tokenizer().save_pretrained(directory / "model")
     cfg = directory / "engine.yaml"
-    cfg.write_text(yaml.safe_dump({"target": {"path": str(directory / "model"), "max_context": max_context},
+    # its own cache: the start-up profiles of processes serving it stay beside it, out of the user's
+    cfg.write_text(yaml.safe_dump({"target": {"path": str(directory / "model"), "max_context": max_context,
+                                              "cache_dir": str(directory / "cache")},
                                    "drafts": [{"kind": "ngram", "name": "ngram"}], "gamma_max": 4}))
     return cfg
