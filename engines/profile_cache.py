@@ -11,9 +11,10 @@ the step-cost model goes on learning from every step either way, and
 `target.profile_cache: false` measures at every start. A decode step is timed
 first, though: a profile taken while something else ran on the cores (a step
 ~10x slower), or on a machine that has since changed, prices every forward
-wrongly, so one whose decode step is more than DRIFT off is measured over. The file is plain JSON
-(nothing executable), checked field by field on reading: one that does not
-parse, match or check is measured over and rewritten.
+wrongly, so one whose decode step is more than DRIFT off is measured over.
+The file is plain JSON (nothing executable), checked field by field on
+reading: one that does not parse, match or check is measured over and
+rewritten.
 """
 
 from __future__ import annotations
