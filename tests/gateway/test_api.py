@@ -1,6 +1,9 @@
 """The public API through a real channel: unary, streaming, decide, status,
-health, reflection, bad fields, deadlines, cancellation, auth, concurrency."""
+health, reflection, bad fields, deadlines, cancellation, auth, concurrency, and a
+request whose draft fails."""
 
+import http.client
+import json
 import threading
 import time
 
@@ -8,10 +11,15 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
+from engines.config import EngineConfig, NgramDraftConfig, TargetConfig
 from gateway.config import AuthConfig
 from gateway.pb import specgate_pb2 as pb
-from tests.helpers import SLOW, key, request, slow_engine, start_gateway, tiny_engine, wait_idle
+from telemetry.otel import Instrumentation
+from telemetry.outcomes import MemoryOutcomeSink
+from tests.helpers import SLOW, RaisingDraft, key, request, slow_engine, start_gateway, tiny_engine, wait_idle
 
 
 def test_generate_returns_text_decision_stats_and_request_id(gw):
@@ -63,7 +71,6 @@ def test_a_burst_is_decided_on_the_load_it_makes_before_the_engine_reports_it():
     the load a decision sees."""
     from engines.api import LoadSnapshot
     from gateway.endpoints.local import LocalEndpoint
-    from telemetry.outcomes import MemoryOutcomeSink
 
     class Lagging(LocalEndpoint):
         def load(self):
@@ -266,17 +273,6 @@ def test_a_request_whose_draft_fails_gets_the_targets_output_and_says_so():
     """Drafting that raises mid-request: the caller still gets the target's output
     (over gRPC and the OpenAI API alike), with spec.draft_error naming the draft;
     the outcome record keeps it and the draft_errors counter counts it per draft."""
-    import http.client
-    import json
-
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-
-    from engines.config import EngineConfig, NgramDraftConfig, TargetConfig
-    from telemetry.otel import Instrumentation
-    from telemetry.outcomes import MemoryOutcomeSink
-    from tests.helpers import RaisingDraft
-
     cfg = EngineConfig(target=TargetConfig(max_context=96), drafts=[NgramDraftConfig(name="broken")], gamma_max=4)
     reader, sink = InMemoryMetricReader(), MemoryOutcomeSink()
     g = start_gateway(tiny_engine(cfg, broken=lambda cap: RaisingDraft()), http=True, sink=sink,
