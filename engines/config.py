@@ -40,7 +40,7 @@ class TargetConfig(_Strict):
     """On CPU, keep the start-up profile (the layout and threads chosen, the forwards' prices) in
     cache_dir under a key of this machine (CPU model, family, stepping and flags; usable cores; torch's
     version), the models' shapes and dtype and the layout options, so that a restart with the same key
-    skips the ~35 s of measuring (engines/profile_cache.py). The step-cost model keeps learning from
+    skips measuring (~10 s on 2 cores for SmolLM2) (engines/profile_cache.py). The step-cost model keeps learning from
     every step either way. False: measure at every start."""
     bf16_matmuls: bool | Literal["auto"] = False
     """On CPU in float32, run the matmuls alone in bfloat16 (weights and their inputs rounded to it,

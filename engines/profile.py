@@ -17,6 +17,7 @@ refitting it from every step it runs.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -62,6 +63,11 @@ class Profile:
                 f"{self._packs_cost()}; one row, by tokens "
                 f"fed: {' '.join(f'{t}:{s * 1e3:.1f}' for t, s in sorted(self.cost.lone.items()))} ms")
 
+    @property
+    def key(self) -> str:
+        """This profile's choice as step_s names it."""
+        return f"{self.threads}t/{self.layout}"
+
     def to_dict(self) -> dict:
         return dict(threads=self.threads, layout=self.layout, step_s=self.step_s, cost=self.cost.to_dict(),
                     packed_from=self.packed_from, pack_s={str(n): list(v) for n, v in self.pack_s.items()})
@@ -74,12 +80,19 @@ class Profile:
                        {int(n): (float(v[0]), float(v[1])) for n, v in dict(d["pack_s"]).items()})
         if prof.threads < 1 or prof.layout not in LAYOUTS or prof.packed_from != prof.cost.packed_from or (
                 prof.packed_from is not None and not {prof.packed_from, LONE_TOKENS} <= set(prof.pack_s)) or (
-                sorted(prof.cost.lone) != list(range(1, LONE_TOKENS + 1))):
+                sorted(prof.cost.lone) != list(range(1, LONE_TOKENS + 1))) or prof.key not in prof.step_s or any(
+                not (math.isfinite(v) and v > 0 and combination(k)[1] in LAYOUTS) for k, v in prof.step_s.items()):
             raise ValueError("not a profile this version made")
         return prof
 
     def _packs_cost(self) -> str:
         return f" + {self.cost.g * 1e3:.1f} ms packed" if self.packed_from else ""
+
+
+def combination(key: str) -> tuple[int, str]:
+    """(threads, layout) from a step_s key such as "2t/packed"; ValueError if it is not one."""
+    n, layout = key.split("t/", 1)
+    return int(n), layout
 
 
 def wait_for(device: torch.device) -> None:
@@ -98,8 +111,13 @@ def _fastest_steps(model: LlamaModel, shapes: list[list[tuple[int, bool]]], cont
     than its 1-token one on a machine that slowed down meanwhile."""
     caches = [[model.new_cache(context + n + 1) for n, _ in feeds] for feeds in shapes]
     vocab = min(1000, model.cfg.vocab_size)  # any valid ids: timing does not depend on which
-    for c in (c for row in caches for c in row):
-        model.forward(torch.randint(0, vocab, (context,), device=model.device), c, all_logits=False)
+    # one context, copied into every cache: a forward over each cache's own (untimed, ~64 tokens each,
+    # 18 caches a probe and 81 the step-cost shapes) took more of the profile than the forwards it times
+    first, *others = (c for row in caches for c in row)
+    model.forward(torch.randint(0, vocab, (context,), device=model.device), first, all_logits=False)
+    for c in others:
+        c.k[..., :context, :] = first.k[..., :context, :]
+        c.v[..., :context, :] = first.v[..., :context, :]
     times: list[list[float]] = [[] for _ in shapes]
     for r in range(repeats + 1):
         for i in (range(len(shapes)) if r % 2 == 0 else reversed(range(len(shapes)))):
@@ -117,10 +135,11 @@ def _fastest_steps(model: LlamaModel, shapes: list[list[tuple[int, bool]]], cont
     return [min(t[1:]) for t in times]
 
 
-def decode_step_s(model: LlamaModel) -> float:
-    """The fastest of a few one-token decode steps, as fit_cost times a lone row's
-    first table entry: what a kept profile is checked against (profile_cache)."""
-    return _fastest_steps(model, [[(1, False)]], repeats=5)[0]
+def probe_s(model: LlamaModel) -> float:
+    """The PROBE forwards' seconds (each its fastest of three) with the weights as they
+    are laid out now: what layouts and thread counts are ranked by."""
+    # three repeats, as the batch shapes below: seven added ~5 s to a ~55 s profile for the same choices
+    return sum(_fastest_steps(model, PROBE, repeats=3))
 
 
 # batched shapes timed at start-up (tokens per row): decode batches, batches where some rows
@@ -171,8 +190,7 @@ def choose_layout(model: LlamaModel, weights: list[LlamaWeights], pack: bool | s
             LAYOUTS[layout](w)
         for n in thread_options:
             torch.set_num_threads(n)
-            # three repeats, as the batch shapes below: seven added ~5 s to a ~55 s profile for the same choices
-            timings[(n, layout)] = sum(_fastest_steps(model, PROBE, repeats=3))
+            timings[(n, layout)] = probe_s(model)
     best_threads, best_layout = min(timings, key=timings.get)
     for w in weights:
         LAYOUTS[best_layout](w)

@@ -1,22 +1,23 @@
 """The start-up profile, kept per machine so that a restart need not measure again.
 
 A CPU profile (engines/profile.py: the layout and thread count this machine
-runs fastest, and what its forwards cost) takes about half a minute on 2 cores,
-most of a restart. It depends on the CPU (its model, family, stepping and
-flags: machines lscpu names alike have differed 3x), the cores this process may
-use, torch's build, the models' shapes and dtype and what the config lets the
-profile choose, all of which make its key; not on the weights' values. A later
-start whose key matches takes the profile's choices and prices from the file;
-the step-cost model goes on learning from every step either way, and
-`target.profile_cache: false` measures at every start. A decode step is timed
-first, though: a profile taken while something else ran on the cores (a step
-~10x slower), or on a machine that has since changed, prices every forward
-wrongly, so one whose decode step is more than DRIFT off is measured over.
-The file is plain JSON (nothing executable), checked field by field on
-reading: one that does not parse, match or check is measured over and
-rewritten.
+runs fastest, and what its forwards cost) takes ~10 s on 2 cores for SmolLM2,
+more for larger models. It depends on the CPU (its model, family, stepping and
+flags: machines lscpu names alike have differed 3x), the cores this process
+may use, torch's build, the models' shapes and dtype and what the config lets
+the profile choose, all of which make its key; not on the weights' values. A
+later start whose key matches takes the profile's choices and prices from the
+file; the step-cost model goes on learning from every step either way, and
+`target.profile_cache: false` measures at every start. The forwards the
+layouts were ranked by are timed again first, in the kept layout and in the
+runner-up (~2 s): a profile taken while something else ran on the cores (~10x
+slower) or on a machine that has since changed prices every forward wrongly,
+and one whose choice a slow spell decided would keep a layout 1.4x slower for
+good, so a profile whose forwards now run more than DRIFT off its figures, or
+whose runner-up now beats its choice by RIVAL, is measured over. The file is
+plain JSON (nothing executable), checked field by field on reading: one that
+does not parse, match or check is measured over and rewritten.
 """
-
 from __future__ import annotations
 
 import hashlib
@@ -31,12 +32,13 @@ import torch
 
 from engines.layouts import LAYOUTS, pack_rows, packs_agree
 from engines.llama import LlamaModel, LlamaWeights
-from engines.profile import Profile, choose_layout, decode_step_s, layouts_to_try
+from engines.profile import Profile, choose_layout, combination, layouts_to_try, probe_s
 
 log = logging.getLogger(__name__)
 
 FORMAT = "specgate.profile.v1"
-DRIFT = 1.3  # a kept profile is taken while a decode step now runs within this factor of its price
+DRIFT = 1.3  # a kept profile is taken while its probe forwards now run within this factor of its figure
+RIVAL = 1.1  # ... and while its runner-up does not now run them this much faster
 _CPU_FIELDS = ("vendor_id", "cpu family", "model", "model name", "stepping", "flags")
 
 
@@ -67,7 +69,7 @@ def profile_key(model: LlamaModel, weights: list[LlamaWeights], pack: bool | str
 
 
 def cpu_profile(model: LlamaModel, weights: list[LlamaWeights], pack: bool | str, threads: int | None,
-                bf16: bool | str, cache_dir: Path | None, drift: float = DRIFT) -> Profile:
+                bf16: bool | str, cache_dir: Path | None, drift: float = DRIFT, rival: float = RIVAL) -> Profile:
     """The profile kept for this machine and these models, its choices put in place,
     if `cache_dir` has one that applies; else measured (choose_layout) and kept
     there. `cache_dir` None: measured, not kept."""
@@ -76,54 +78,82 @@ def cpu_profile(model: LlamaModel, weights: list[LlamaWeights], pack: bool | str
     key, parts = profile_key(model, weights, pack, threads, bf16)
     path = cache_dir / "profiles" / f"{key}.json"
     if path.exists():
-        prof = recall(path, key, model, weights, pack, bf16, drift)
+        prof = recall(path, key, model, weights, pack, bf16, drift, rival)
         if prof is not None:
             return prof
-    log.info("measuring this machine for the start-up profile (about half a minute on 2 cores; kept in %s)", path)
+    log.info("measuring this machine for the start-up profile (~10 s on 2 cores for SmolLM2; kept in %s)", path)
     prof = choose_layout(model, weights, pack, threads, bf16)
     keep(path, key, parts, prof)
     return prof
 
 
 def recall(path: Path, key: str, model: LlamaModel, weights: list[LlamaWeights], pack: bool | str,
-           bf16: bool | str, drift: float = DRIFT) -> Profile | None:
+           bf16: bool | str, drift: float = DRIFT, rival: float = RIVAL) -> Profile | None:
     """The profile in `path` with its layout and threads put in place; None (and the
-    weights left dense) where it cannot be read, is not this key's, its MKL-packed
-    copies no longer compute what the dense weights do, or a decode step now runs
-    more than `drift` times faster or slower than it priced one."""
+    weights left dense) where it cannot be read, is not this key's, no longer holds
+    on this machine (`still_holds`) or its MKL-packed copies no longer compute what
+    the dense weights do."""
     try:
         d = json.loads(path.read_text())
         if d.get("format") != FORMAT or d.get("key") != key:
             raise ValueError("another format or key")
         prof = Profile.from_dict(d["profile"])
         measured = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(d["measured_at"])))
-        if prof.layout not in layouts_to_try(pack, bf16) or prof.threads > (os.cpu_count() or 1):
+        if any(combination(k)[1] not in layouts_to_try(pack, bf16) or combination(k)[0] > (os.cpu_count() or 1)
+               for k in prof.step_s):
             raise ValueError("a layout or thread count this config or machine does not allow")
     except (OSError, ValueError, TypeError, KeyError, AttributeError, OverflowError) as e:
         log.warning("start-up profile %s not used (%s): measuring again", path, e)
         return None
-    for w in weights:
-        LAYOUTS[prof.layout](w)
-    if prof.packed_from is not None:
+    why = still_holds(prof, model, weights, drift, rival)
+    if why is None and prof.packed_from is not None and not all(packs_agree(w) for w in weights):
+        why = "its MKL-packed weights disagree with dense ones"
+    if why is not None:
         for w in weights:
-            pack_rows(w, prof.packed_from)
-        if not all(packs_agree(w) for w in weights):
-            return _undo(weights, f"start-up profile {path}: MKL-packed weights disagree with dense ones")
-    torch.set_num_threads(prof.threads)
-    step, priced = decode_step_s(model), prof.cost.lone[1]
-    if not 1 / drift <= step / priced <= drift:
-        return _undo(weights, f"start-up profile {path} priced a decode step at {priced * 1e3:.1f} ms, which now "
-                              f"takes {step * 1e3:.1f} ms")
-    log.info("start-up profile kept in %s, measured %s; a decode step %.1f ms against %.1f priced "
-             "(target.profile_cache: false measures at every start)", path, measured, step * 1e3, priced * 1e3)
+            LAYOUTS["dense"](w)
+        log.warning("start-up profile %s: %s: measuring again", path, why)
+        return None
+    log.info("start-up profile kept in %s, measured %s; its forwards checked (target.profile_cache: false measures "
+             "at every start)", path, measured)
     return prof
 
 
-def _undo(weights: list[LlamaWeights], why: str) -> None:
-    """Weights back to dense (as loaded) for a profile measured over."""
+def still_holds(prof: Profile, model: LlamaModel, weights: list[LlamaWeights], drift: float = DRIFT,
+                rival: float = RIVAL) -> str | None:
+    """Why the kept choice no longer holds here (None: it does, and is in place): the
+    probe forwards in its layout more than `drift` off what they took, or its runner-up
+    now `rival` times faster. Each timed as choose_layout timed it: before any
+    MKL-packed copies were chosen."""
+    _lay_out(weights, prof.layout)
+    torch.set_num_threads(prof.threads)
+    now = probe_s(model)
+    if not 1 / drift <= now / prof.step_s[prof.key] <= drift:
+        return f"its probe forwards took {prof.step_s[prof.key] * 1e3:.1f} ms, now {now * 1e3:.1f} ms"
+    others = sorted((s, k) for k, s in prof.step_s.items() if k != prof.key)
+    second, theirs = (others[0][1], None) if others else (None, None)
+    if second is not None:
+        threads, layout = combination(second)
+        if layout != prof.layout:  # a thread count alone needs no new layout (a pass over every weight)
+            _lay_out(weights, layout)
+        torch.set_num_threads(threads)
+        theirs = probe_s(model)
+        if theirs * rival < now:
+            return (f"{second} now runs its probe forwards in {theirs * 1e3:.1f} ms against {now * 1e3:.1f} "
+                    f"for {prof.key}")
+        if layout != prof.layout:
+            _lay_out(weights, prof.layout)
+    if prof.packed_from is not None:
+        for w in weights:
+            pack_rows(w, prof.packed_from)
+    torch.set_num_threads(prof.threads)
+    log.info("start-up profile check: %s %.1f ms (kept %.1f)%s", prof.key, now * 1e3, prof.step_s[prof.key] * 1e3,
+             f"; runner-up {second} {theirs * 1e3:.1f} ms" if second else "")
+    return None
+
+
+def _lay_out(weights: list[LlamaWeights], layout: str) -> None:
     for w in weights:
-        LAYOUTS["dense"](w)
-    log.warning("%s: measuring again", why)
+        LAYOUTS[layout](w)
 
 
 def keep(path: Path, key: str, parts: dict, prof: Profile) -> None:
