@@ -64,7 +64,7 @@ class Profile:
                 f"fed: {' '.join(f'{t}:{s * 1e3:.1f}' for t, s in sorted(self.cost.lone.items()))} ms")
 
     @property
-    def key(self) -> str:
+    def choice(self) -> str:
         """This profile's choice as step_s names it."""
         return f"{self.threads}t/{self.layout}"
 
@@ -79,8 +79,9 @@ class Profile:
                        StepCost.from_dict(d["cost"]), d["packed_from"],
                        {int(n): (float(v[0]), float(v[1])) for n, v in dict(d["pack_s"]).items()})
         if prof.threads < 1 or prof.layout not in LAYOUTS or prof.packed_from != prof.cost.packed_from or (
+                prof.packed_from is not None and prof.layout != "dense") or (
                 prof.packed_from is not None and not {prof.packed_from, LONE_TOKENS} <= set(prof.pack_s)) or (
-                sorted(prof.cost.lone) != list(range(1, LONE_TOKENS + 1))) or prof.key not in prof.step_s or any(
+                sorted(prof.cost.lone) != list(range(1, LONE_TOKENS + 1))) or prof.choice not in prof.step_s or any(
                 not (math.isfinite(v) and v > 0 and combination(k)[1] in LAYOUTS) for k, v in prof.step_s.items()):
             raise ValueError("not a profile this version made")
         return prof

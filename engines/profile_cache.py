@@ -91,7 +91,7 @@ def recall(path: Path, key: str, model: LlamaModel, weights: list[LlamaWeights],
            bf16: bool | str, drift: float = DRIFT, rival: float = RIVAL) -> Profile | None:
     """The profile in `path` with its layout and threads put in place; None (and the
     weights left dense) where it cannot be read, is not this key's, no longer holds
-    on this machine (`still_holds`) or its MKL-packed copies no longer compute what
+    on this machine (`why_stale`) or its MKL-packed copies no longer compute what
     the dense weights do."""
     try:
         d = json.loads(path.read_text())
@@ -105,7 +105,7 @@ def recall(path: Path, key: str, model: LlamaModel, weights: list[LlamaWeights],
     except (OSError, ValueError, TypeError, KeyError, AttributeError, OverflowError) as e:
         log.warning("start-up profile %s not used (%s): measuring again", path, e)
         return None
-    why = still_holds(prof, model, weights, drift, rival)
+    why = why_stale(prof, model, weights, drift, rival)
     if why is None and prof.packed_from is not None and not all(packs_agree(w) for w in weights):
         why = "its MKL-packed weights disagree with dense ones"
     if why is not None:
@@ -118,18 +118,18 @@ def recall(path: Path, key: str, model: LlamaModel, weights: list[LlamaWeights],
     return prof
 
 
-def still_holds(prof: Profile, model: LlamaModel, weights: list[LlamaWeights], drift: float = DRIFT,
+def why_stale(prof: Profile, model: LlamaModel, weights: list[LlamaWeights], drift: float = DRIFT,
                 rival: float = RIVAL) -> str | None:
-    """Why the kept choice no longer holds here (None: it does, and is in place): the
+    """Why the kept choice is stale here (None: it still holds, and is in place): the
     probe forwards in its layout more than `drift` off what they took, or its runner-up
     now `rival` times faster. Each timed as choose_layout timed it: before any
     MKL-packed copies were chosen."""
     _lay_out(weights, prof.layout)
     torch.set_num_threads(prof.threads)
     now = probe_s(model)
-    if not 1 / drift <= now / prof.step_s[prof.key] <= drift:
-        return f"its probe forwards took {prof.step_s[prof.key] * 1e3:.1f} ms, now {now * 1e3:.1f} ms"
-    others = sorted((s, k) for k, s in prof.step_s.items() if k != prof.key)
+    if not 1 / drift <= now / prof.step_s[prof.choice] <= drift:
+        return f"its probe forwards took {prof.step_s[prof.choice] * 1e3:.1f} ms, now {now * 1e3:.1f} ms"
+    others = sorted((s, k) for k, s in prof.step_s.items() if k != prof.choice)
     second, theirs = (others[0][1], None) if others else (None, None)
     if second is not None:
         threads, layout = combination(second)
@@ -139,15 +139,15 @@ def still_holds(prof: Profile, model: LlamaModel, weights: list[LlamaWeights], d
         theirs = probe_s(model)
         if theirs * rival < now:
             return (f"{second} now runs its probe forwards in {theirs * 1e3:.1f} ms against {now * 1e3:.1f} "
-                    f"for {prof.key}")
+                    f"for {prof.choice}")
         if layout != prof.layout:
             _lay_out(weights, prof.layout)
     if prof.packed_from is not None:
         for w in weights:
             pack_rows(w, prof.packed_from)
     torch.set_num_threads(prof.threads)
-    log.info("start-up profile check: %s %.1f ms (kept %.1f)%s", prof.key, now * 1e3, prof.step_s[prof.key] * 1e3,
-             f"; runner-up {second} {theirs * 1e3:.1f} ms" if second else "")
+    log.info("start-up profile check: %s %.1f ms (kept %.1f)%s", prof.choice, now * 1e3,
+             prof.step_s[prof.choice] * 1e3, f"; runner-up {second} {theirs * 1e3:.1f} ms" if second else "")
     return None
 
 
