@@ -136,7 +136,7 @@ def decision_attributes(features, decision) -> dict:
 
 
 def outcome_attributes(stats, ttft_s: float) -> dict:
-    return ({"specgate.spec.draft_error": stats.draft_error} if stats.draft_error else {}) | {
+    a = {
         "gen_ai.usage.input_tokens": stats.prompt_tokens,
         "gen_ai.usage.output_tokens": stats.output_tokens,
         "gen_ai.response.finish_reasons": [stats.finish_reason],
@@ -146,6 +146,9 @@ def outcome_attributes(stats, ttft_s: float) -> dict:
         "specgate.spec.acceptance_source": stats.acceptance_source,  # measured, reported, estimated, unknown
         "specgate.time_to_first_token_s": ttft_s,
     }
+    if stats.draft_error:  # drafting failed mid-request: the rest decoded without drafts
+        a["specgate.spec.draft_error"] = stats.draft_error
+    return a
 
 
 def ns(perf_t: float, perf_ref: float, wall_ref_ns: int) -> int:

@@ -13,6 +13,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from engines.config import EngineConfig, NgramDraftConfig, TargetConfig
 from gateway.config import AuthConfig
@@ -272,11 +275,14 @@ def test_drain_finishes_in_flight_calls_and_refuses_new_ones():
 def test_a_request_whose_draft_fails_gets_the_targets_output_and_says_so():
     """Drafting that raises mid-request: the caller still gets the target's output
     (over gRPC and the OpenAI API alike), with spec.draft_error naming the draft;
-    the outcome record keeps it and the draft_errors counter counts it per draft."""
+    the outcome record and the request's span keep it and the draft_errors counter
+    counts it per draft."""
     cfg = EngineConfig(target=TargetConfig(max_context=96), drafts=[NgramDraftConfig(name="broken")], gamma_max=4)
-    reader, sink = InMemoryMetricReader(), MemoryOutcomeSink()
+    reader, sink, spans = InMemoryMetricReader(), MemoryOutcomeSink(), InMemorySpanExporter()
+    tracing = TracerProvider()
+    tracing.add_span_processor(SimpleSpanProcessor(spans))
     g = start_gateway(tiny_engine(cfg, broken=lambda cap: RaisingDraft()), http=True, sink=sink,
-                      instrumentation=Instrumentation(meter_provider=MeterProvider(metric_readers=[reader])))
+                      instrumentation=Instrumentation(tracing, MeterProvider(metric_readers=[reader])))
     try:
         plain = g.stub.Generate(request(arm="plain"))
         assert plain.spec.draft_error == ""
@@ -296,5 +302,12 @@ def test_a_request_whose_draft_fails_gets_the_targets_output_and_says_so():
                   for sm in rm.scope_metrics for m in sm.metrics if m.name == "specgate.draft_errors"
                   for p in m.data.data_points}
         assert counts == {(("draft", "broken"),): 2}
+        deadline = time.monotonic() + 5  # a request's span ends as its call's handler returns
+        while len([x for x in spans.get_finished_spans() if x.name == "specgate.generate_request"]) < 3 and \
+                time.monotonic() < deadline:
+            time.sleep(0.01)
+        said = sorted(x.attributes.get("specgate.spec.draft_error", "") for x in spans.get_finished_spans()
+                      if x.name == "specgate.generate_request")
+        assert said == ["", failed.spec.draft_error, failed.spec.draft_error]
     finally:
         g.close()
