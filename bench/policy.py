@@ -68,13 +68,17 @@ def run(data: Path, repeats: int, rules_file: Path | None) -> dict:
 def across(processes: list[dict[str, list[float]]], seed: int = 0, b: int = BOOTSTRAP) -> dict:
     """Pooled p50 and p99 of every part, each process's p99, and a 95% interval for
     the pooled p99 from resampling whole processes (the noise that matters here)."""
+    import numpy as np
+
     rng = random.Random(seed)
     out = {}
     for part in PARTS:
+        arrays = [np.asarray(p[part]) for p in processes]
         boots = []
-        for _ in range(b):
-            pick = [rng.randrange(len(processes)) for _ in processes]
-            boots.append(pct([x for i in pick for x in processes[i][part]], 0.99))
+        for _ in range(b):  # numpy's partition: sorting ~50,000 seconds in Python a thousand times took ~20 s
+            x = np.concatenate([arrays[rng.randrange(len(arrays))] for _ in arrays])
+            k = min(len(x) - 1, int(0.99 * len(x)))  # pct's index
+            boots.append(float(np.partition(x, k)[k]) * 1e3)
         boots.sort()
         pooled = [x for p in processes for x in p[part]]
         out[part] = {"p50_ms": pct(pooled, 0.5), "p99_ms": pct(pooled, 0.99),
