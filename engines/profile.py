@@ -66,7 +66,7 @@ class Profile:
     @property
     def choice(self) -> str:
         """This profile's choice as step_s names it."""
-        return f"{self.threads}t/{self.layout}"
+        return combination_name(self.threads, self.layout)
 
     def to_dict(self) -> dict:
         return dict(threads=self.threads, layout=self.layout, step_s=self.step_s, cost=self.cost.to_dict(),
@@ -90,8 +90,13 @@ class Profile:
         return f" + {self.cost.g * 1e3:.1f} ms packed" if self.packed_from else ""
 
 
+def combination_name(threads: int, layout: str) -> str:
+    """A thread count and layout as step_s names them: "2t/packed"."""
+    return f"{threads}t/{layout}"
+
+
 def combination(key: str) -> tuple[int, str]:
-    """(threads, layout) from a step_s key such as "2t/packed"; ValueError if it is not one."""
+    """(threads, layout) from a step_s key (combination_name); ValueError if it is not one."""
     n, layout = key.split("t/", 1)
     return int(n), layout
 
@@ -196,7 +201,7 @@ def choose_layout(model: LlamaModel, weights: list[LlamaWeights], pack: bool | s
     for w in weights:
         LAYOUTS[best_layout](w)
     torch.set_num_threads(best_threads)
-    prof = Profile(best_threads, best_layout, {f"{n}t/{p}": s for (n, p), s in timings.items()})
+    prof = Profile(best_threads, best_layout, {combination_name(n, p): s for (n, p), s in timings.items()})
     if best_layout == "dense" and pack == "auto" and can_pack_rows(model.dtype):
         prof.packed_from, prof.pack_s = choose_packed_from(model, weights)
     prof.cost = fit_cost(model, prof.packed_from)
