@@ -105,8 +105,10 @@ class ModelWatcher:
         self.refused: list[str] = []
         self._stop = threading.Event()
         self._poll = poll_s
-        threading.Thread(target=self._poll_loop, name="specgate-model-poll", daemon=True).start()
-        threading.Thread(target=self._sub_loop, name="specgate-model-sub", daemon=True).start()
+        self._threads = (threading.Thread(target=self._poll_loop, name="specgate-model-poll", daemon=True),
+                         threading.Thread(target=self._sub_loop, name="specgate-model-sub", daemon=True))
+        for t in self._threads:
+            t.start()
 
     def check(self) -> None:
         try:
@@ -137,8 +139,8 @@ class ModelWatcher:
 
     def _sub_loop(self) -> None:
         while not self._stop.is_set():
+            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
             try:
-                pubsub = self.client.pubsub(ignore_subscribe_messages=True)
                 pubsub.subscribe(CHANNEL)
                 self.check()
                 while not self._stop.is_set():
@@ -147,9 +149,16 @@ class ModelWatcher:
                         self._apply(msg["data"].decode())
             except Exception:  # noqa: BLE001 - reconnect after a pause
                 self._stop.wait(1.0)
+            finally:  # each reconnect opens a connection of its own: an outage must not pile them up
+                pubsub.close()
 
     def close(self) -> None:
+        """Stops both loops and waits for them (at most a poll and a reconnect's pause),
+        so nothing applies a model or logs after its owner has shut down."""
         self._stop.set()
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout=self._poll + 2.0)
 
 
 def seed_registry(client, key: bytes, model: PolicyModel | None) -> None:

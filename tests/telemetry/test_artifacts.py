@@ -53,6 +53,10 @@ def test_watcher_swaps_within_a_second_and_keeps_its_model_on_a_tampered_one(rcl
         assert watcher.version == "v1" and "evil" in watcher.refused and live[-1].version == "v1"
     finally:
         watcher.close()
+    # closed means stopped: nothing announced afterwards reaches the owner
+    publish(rclient, model("v2"), KEY)
+    time.sleep(0.6)
+    assert live[-1].version == "v1" and watcher.version == "v1"
 
 
 def test_rollback_returns_to_the_previous_version(rclient):
