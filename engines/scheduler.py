@@ -14,7 +14,7 @@ KV reservation (prompt + max_tokens + γ_max + 1 positions) fits the budget.
 
 Failure: a row whose drafting raises decodes on without drafts (the output is the
 target's whatever was drafted); what goes wrong in one row's layout, forward or
-verification fails that request alone (a shared forward that fails is rerun row by row).
+verification fails that request alone (a shared forward that fails is rerun in halves).
 """
 
 from __future__ import annotations
@@ -136,8 +136,8 @@ class Scheduler:
         try:
             outs, states = self._forward(items, layer)
             batched = True
-        except Exception as e:  # noqa: BLE001 - see _row_by_row
-            plans, items, outs, states = self._row_by_row(plans, items, lengths, layer, e)
+        except Exception as e:  # noqa: BLE001 - see _split
+            plans, items, outs, states = self._split(plans, items, lengths, layer, e)
             batched = False
             if not plans:
                 self._retire()
@@ -165,7 +165,7 @@ class Scheduler:
             added = max(priced_s - self._base[0], 0.0) + drafting_s + judging_s
             for p in plans:
                 p.row.slowdown.settle(self.max_stretch, *self._base, p.accepted, added)
-        if batched:  # rows run one by one say nothing of a batch's step
+        if batched:  # a batch run in parts says nothing of one step's cost
             self.cost.observe(tokens, rows, t2 - t1, multi)
         self.last_step_tokens = tokens
         self.step_s = 0.8 * self.step_s + 0.2 * (time.perf_counter() - t0) if self.step_s else time.perf_counter() - t0
@@ -177,24 +177,34 @@ class Scheduler:
             return self.model.forward_many(items, hidden=layer)
         return self.model.forward_many(items), [None] * len(items)
 
-    def _row_by_row(self, plans: list[Plan], items: list, lengths: list[int], layer,
-                    error: Exception) -> tuple[list, list, list, list]:
+    def _split(self, plans: list[Plan], items: list, lengths: list[int], layer,
+               error: Exception) -> tuple[list, list, list, list]:
         """After a batch's forward failed (too large for the memory left, or one row
-        tripping a bug), each row's forward alone from the cache lengths before it (a
-        late failure advanced them): only a row whose own forward fails fails."""
-        log.warning("a forward of %d rows failed (%s: %s): running them one by one", len(items),
+        tripping a bug), its rows again from the cache lengths before it (a late
+        failure advanced them), in halves, and a failing half in halves again down to
+        single rows: a batch too large runs in two or four forwards rather than one per
+        row, and only a row whose own forward fails fails."""
+        log.warning("a forward of %d rows failed (%s: %s): rerunning them in halves", len(items),
                     type(error).__name__, error)
         kept, outs, states = [], [], []
-        for p, item, n in zip(plans, items, lengths):
-            item[1].lengths[0] = n
+        h = len(items) // 2
+        todo = [(plans[h:], items[h:], lengths[h:]), (plans[:h], items[:h], lengths[:h])]  # popped in row order
+        while todo:
+            ps, its, ns = todo.pop()
+            for item, n in zip(its, ns):
+                item[1].lengths[0] = n
             try:
-                (out,), (state,) = self._forward([item], layer)
-            except Exception as e:  # noqa: BLE001 - this row's own forward: its request fails alone
-                self._fail(p.row, e)
+                out, state = self._forward(its, layer)
+            except Exception as e:  # noqa: BLE001 - split again; a single row's own forward fails its request alone
+                if len(its) == 1:
+                    self._fail(ps[0].row, e)
+                else:
+                    h = len(its) // 2
+                    todo += [(ps[h:], its[h:], ns[h:]), (ps[:h], its[:h], ns[:h])]
                 continue
-            kept.append((p, item))
-            outs.append(out)
-            states.append(state)
+            kept += zip(ps, its)
+            outs += out
+            states += state
         return [p for p, _ in kept], [it for _, it in kept], outs, states
 
     def _plan(self, proposals: dict[int, Proposal], drafting_s: float) -> list[Plan]:

@@ -251,11 +251,11 @@ def test_a_row_that_fails_in_a_shared_step_fails_alone():
     assert [r.stats.output_tokens for r in served[::2]] == [12, 12]
 
 
-def test_a_shared_forward_that_fails_is_rerun_row_by_row_and_fails_only_its_culprit(caplog):
+def test_a_shared_forward_that_fails_is_rerun_in_halves_and_fails_only_its_culprit(caplog):
     """A batch's forward that raises (as one too large for the memory left would) is rerun
-    one row at a time: every request still gets the output it gets unbatched, and where a
-    row's own forward raises (here the row of request "bad", whatever it is batched with)
-    that request alone fails, the engine serving on."""
+    in halves, not row by row: every request still gets the output it gets unbatched, and
+    where a row's own forward raises (here the row of request "bad", whatever it is batched
+    with) that request alone fails, the engine serving on."""
     # the sampled row verifies its whole draft every round: its draws then do not hang on the budget
     requests = [dataclasses.replace(req(arm, prompt=p, temperature=t, seed=3, max_tokens=16, ignore_eos=True),
                                     request_id=f"r{i}", fixed_gamma=t > 0)
@@ -270,6 +270,8 @@ def test_a_shared_forward_that_fails_is_rerun_row_by_row_and_fails_only_its_culp
                                       "half": lambda cap: ModelDraftProposer(sub, cap)}, CONFIG, start_worker=False)
     alone = [run_together(engine(), [r])[0] for r in requests]
 
+    ran = []  # rows of every forward: negative where it failed
+
     def engine_whose_forward(fails):
         eng = engine()
         model, forward = eng._sched.model, eng._sched.model.forward_many
@@ -277,15 +279,20 @@ def test_a_shared_forward_that_fails_is_rerun_row_by_row_and_fails_only_its_culp
         def flaky(items, **kw):
             out = forward(items, **kw)  # failing late: the caches already written and advanced
             if fails(items, eng._sched):
+                ran.append(-len(items))
                 raise RuntimeError("out of memory")
+            ran.append(len(items))
             return out
         model.forward_many = flaky
         return eng
 
     with caplog.at_level("WARNING", logger="engines.scheduler"):
-        batched = run_together(engine_whose_forward(lambda items, _: len(items) > 1), requests)
-    assert "running them one by one" in caplog.text
+        batched = run_together(engine_whose_forward(lambda items, _: len(items) > 2), requests)
+    assert "rerunning them in halves" in caplog.text
     assert [r.token_ids for r in batched] == [r.token_ids for r in alone]
+    # every failed forward of three rows ran again as a half of one and a half of two, not as three of one
+    after = [ran[i + 1:i + 3] for i, n in enumerate(ran) if n < 0]
+    assert after and all(a == [1, 2] for a in after), ran
 
     def bad_row(items, sched):
         bad = {id(r.cache) for r in sched.running if r.handle.request_id == "bad"}
