@@ -14,7 +14,8 @@ KV reservation (prompt + max_tokens + γ_max + 1 positions) fits the budget.
 
 Failure: a row whose drafting raises decodes on without drafts (the output is the
 target's whatever was drafted); what goes wrong in one row's layout, forward or
-verification fails that request alone (a shared forward that fails is rerun in halves).
+verification fails that request alone (a shared forward that fails is rerun in halves:
+engines/forwards.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from engines import budget
 from engines.api import GenerationResult, GenerationStats, TokenDelta
 from engines.decode import draft_budget, record_round, rollback, sample_token, settle, verification_input, verify
 from engines.errors import Cancelled, EngineError
+from engines.forwards import forward_rows, rerun_in_halves
 from engines.llama import KVCache, LlamaModel
 from engines.proposers import Proposal
 from engines.running import Plan, Running, calibration_key
@@ -134,11 +136,12 @@ class Scheduler:
         layer = layers.pop() if layers else None
         lengths = [cache.lengths[0] for _, cache, _ in items]  # what a failed forward is rerun from
         try:
-            outs, states = self._forward(items, layer)
+            outs, states = forward_rows(self.model, items, layer)
             batched = True
-        except Exception as e:  # noqa: BLE001 - see _split
-            plans, items, outs, states = self._split(plans, items, lengths, layer, e)
-            batched = False
+        except Exception as e:  # noqa: BLE001 - see rerun_in_halves
+            ran, outs, states = rerun_in_halves(self.model, items, lengths, layer, e,
+                                                lambda i, err: self._fail(plans[i].row, err))
+            plans, items, batched = [plans[i] for i in ran], [items[i] for i in ran], False
             if not plans:
                 self._retire()
                 return
@@ -170,42 +173,6 @@ class Scheduler:
         self.last_step_tokens = tokens
         self.step_s = 0.8 * self.step_s + 0.2 * (time.perf_counter() - t0) if self.step_s else time.perf_counter() - t0
         self._retire()
-
-    def _forward(self, items: list, layer) -> tuple[list[torch.Tensor], list]:
-        """Logits of these rows, and the states `layer` names (None: none)."""
-        if layer is not None:
-            return self.model.forward_many(items, hidden=layer)
-        return self.model.forward_many(items), [None] * len(items)
-
-    def _split(self, plans: list[Plan], items: list, lengths: list[int], layer,
-               error: Exception) -> tuple[list, list, list, list]:
-        """After a batch's forward failed (too large for the memory left, or one row
-        tripping a bug), its rows again from the cache lengths before it (a late
-        failure advanced them), in halves, and a failing half in halves again down to
-        single rows: a batch too large runs in two or four forwards rather than one per
-        row, and only a row whose own forward fails fails."""
-        log.warning("a forward of %d rows failed (%s: %s): rerunning them in halves", len(items),
-                    type(error).__name__, error)
-        kept, outs, states = [], [], []
-        h = len(items) // 2
-        todo = [(plans[h:], items[h:], lengths[h:]), (plans[:h], items[:h], lengths[:h])]  # popped in row order
-        while todo:
-            ps, its, ns = todo.pop()
-            for item, n in zip(its, ns):
-                item[1].lengths[0] = n
-            try:
-                out, state = self._forward(its, layer)
-            except Exception as e:  # noqa: BLE001 - split again; a single row's own forward fails its request alone
-                if len(its) == 1:
-                    self._fail(ps[0].row, e)
-                else:
-                    h = len(its) // 2
-                    todo += [(ps[h:], its[h:], ns[h:]), (ps[:h], its[:h], ns[:h])]
-                continue
-            kept += zip(ps, its)
-            outs += out
-            states += state
-        return [p for p, _ in kept], [it for _, it in kept], outs, states
 
     def _plan(self, proposals: dict[int, Proposal], drafting_s: float) -> list[Plan]:
         """Prefill chunks, then the verification budget over the decoding rows

@@ -286,7 +286,7 @@ def test_a_shared_forward_that_fails_is_rerun_in_halves_and_fails_only_its_culpr
         model.forward_many = flaky
         return eng
 
-    with caplog.at_level("WARNING", logger="engines.scheduler"):
+    with caplog.at_level("WARNING", logger="engines.forwards"):
         batched = run_together(engine_whose_forward(lambda items, _: len(items) > 2), requests)
     assert "rerunning them in halves" in caplog.text
     assert [r.token_ids for r in batched] == [r.token_ids for r in alone]
