@@ -8,7 +8,9 @@ fastest (logged: on one of the project's CPUs oneDNN packing wins 1.4x, on
 another it loses 1.4-1.6x, and there bfloat16 matmuls cost the same for 1 to
 16 rows). With dense weights, time forwards of several tokens with and without
 a copy of the weights MKL packed (engines/layouts.py), from how many tokens
-it wins, and keep it from there. Then time
+it wins, and keep it from there. Time the target's head alone in the chosen
+layout and as W @ xᵀ (engines/layouts.py: ColumnHead) for 1 to 32 rows, and
+run it as W @ xᵀ up to the rows where that stops winning. Then time
 forwards of a few batch shapes to fit the step-cost model the verification
 budget uses (engines/budget.py); the scheduler keeps
 refitting it from every step it runs.
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engines.layouts import LAYOUTS, can_pack_rows, can_run_bf16, pack_rows, packs_agree, route_rows
+from engines.layouts import LAYOUTS, can_pack_rows, can_run_bf16, linear, pack_rows, packs_agree, route_head, route_rows
 from engines.llama import LlamaModel, LlamaWeights
 from engines.stepcost import StepCost, features, fit
 
@@ -36,6 +38,8 @@ PACK_TRIALS = (1, 2, 3, 4, 6, LONE_TOKENS, 16, 32)
 # what a layout and thread count are judged by: a decode step, a lone row verifying 8 drafts, 16 rows decoding
 # (a decode step alone would not tell layouts apart whose cost differs with the rows the matmuls run)
 PROBE = [[(1, False)], [(LONE_TOKENS, True)], [(1, False)] * 16]
+# the rows the head is timed at in its layout and as W @ xᵀ: a lone row verifying, and batches decoding
+HEAD_TRIALS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 24, 32)
 LAYOUT_NAMES = {"dense": "dense", "packed": "oneDNN-packed", "bf16": "bfloat16-matmul"}
 
 
@@ -47,6 +51,8 @@ class Profile:
     cost: StepCost = field(default_factory=StepCost)
     packed_from: int | None = None  # forwards of at least this many rows run the MKL-packed copies (None: none)
     pack_s: dict[int, tuple[float, float]] = field(default_factory=dict)  # tokens -> (dense, packed) forward
+    head_upto: int = 0  # the head runs as W @ xᵀ for forwards of up to this many rows (0: never)
+    head_s: dict[int, tuple[float, float]] = field(default_factory=dict)  # rows -> (its layout, W @ xᵀ) head
 
     def describe(self) -> str:
         others = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in sorted(self.step_s.items()))
@@ -55,7 +61,8 @@ class Profile:
                        f"dense; {LONE_TOKENS}: {self.pack_s[LONE_TOKENS][1] * 1e3:.1f} against "
                        f"{self.pack_s[LONE_TOKENS][0] * 1e3:.1f})")
         layouts = (f" (a decode step, a lone row feeding {LONE_TOKENS} tokens and 16 rows decoding: {others}); "
-                   f"MKL-packed copies: {packs or 'none'}") if others else ""  # none timed: not a CPU
+                   f"MKL-packed copies: {packs or 'none'}; head as W @ xᵀ: {self._head()}") if others else ""
+        # none timed: not a CPU
         return (f"{self.threads} threads, {LAYOUT_NAMES[self.layout]} weights{layouts}; "
                 f"step cost {self.cost.a * 1e3:.1f} ms + "
                 f"{self.cost.b * 1e3:.2f} ms/matmul row + {self.cost.e * 1e3:.2f} ms/row feeding several + "
@@ -70,21 +77,33 @@ class Profile:
 
     def to_dict(self) -> dict:
         return dict(threads=self.threads, layout=self.layout, step_s=self.step_s, cost=self.cost.to_dict(),
-                    packed_from=self.packed_from, pack_s={str(n): list(v) for n, v in self.pack_s.items()})
+                    packed_from=self.packed_from, pack_s={str(n): list(v) for n, v in self.pack_s.items()},
+                    head_upto=self.head_upto, head_s={str(n): list(v) for n, v in self.head_s.items()})
 
     @staticmethod
     def from_dict(d: dict) -> Profile:
         """From to_dict() output; ValueError (or TypeError, KeyError) on anything else."""
+        def pairs(m) -> dict[int, tuple[float, float]]:
+            return {int(n): (float(v[0]), float(v[1])) for n, v in dict(m).items()}
         prof = Profile(int(d["threads"]), str(d["layout"]), {str(k): float(v) for k, v in dict(d["step_s"]).items()},
-                       StepCost.from_dict(d["cost"]), d["packed_from"],
-                       {int(n): (float(v[0]), float(v[1])) for n, v in dict(d["pack_s"]).items()})
-        if prof.threads < 1 or prof.layout not in LAYOUTS or prof.packed_from != prof.cost.packed_from or (
-                prof.packed_from is not None and prof.layout != "dense") or (
-                prof.packed_from is not None and not {prof.packed_from, LONE_TOKENS} <= set(prof.pack_s)) or (
-                sorted(prof.cost.lone) != list(range(1, LONE_TOKENS + 1))) or prof.choice not in prof.step_s or any(
-                not (math.isfinite(v) and v > 0 and combination(k)[1] in LAYOUTS) for k, v in prof.step_s.items()):
+                       StepCost.from_dict(d["cost"]), d["packed_from"], pairs(d["pack_s"]), int(d["head_upto"]),
+                       pairs(d["head_s"]))
+        packs, head = prof.packed_from, prof.head_upto
+        holds = (prof.threads >= 1 and prof.layout in LAYOUTS and packs == prof.cost.packed_from
+                 and (packs is None or (prof.layout == "dense" and {packs, LONE_TOKENS} <= set(prof.pack_s)))
+                 and (head == 0 or head in prof.head_s)
+                 and sorted(prof.cost.lone) == list(range(1, LONE_TOKENS + 1)) and prof.choice in prof.step_s
+                 and all(math.isfinite(v) and v > 0 and combination(k)[1] in LAYOUTS for k, v in prof.step_s.items()))
+        if not holds:
             raise ValueError("not a profile this version made")
         return prof
+
+    def _head(self) -> str:
+        n = self.head_upto
+        if not n:
+            return "never"
+        two = f"; 2: {self.head_s[2][1] * 1e3:.1f} against {self.head_s[2][0] * 1e3:.1f} ms" if 2 in self.head_s else ""
+        return f"up to {n} rows ({n}: {self.head_s[n][1] * 1e3:.1f} against {self.head_s[n][0] * 1e3:.1f} ms{two})"
 
     def _packs_cost(self) -> str:
         return f" + {self.cost.g * 1e3:.1f} ms packed" if self.packed_from else ""
@@ -204,8 +223,45 @@ def choose_layout(model: LlamaModel, weights: list[LlamaWeights], pack: bool | s
     prof = Profile(best_threads, best_layout, {combination_name(n, p): s for (n, p), s in timings.items()})
     if best_layout == "dense" and pack == "auto" and can_pack_rows(model.dtype):
         prof.packed_from, prof.pack_s = choose_packed_from(model, weights)
+    prof.head_upto, prof.head_s = choose_head(model)
     prof.cost = fit_cost(model, prof.packed_from)
     return prof
+
+
+def choose_head(model: LlamaModel, rounds: int = 8) -> tuple[int, dict[int, tuple[float, float]]]:
+    """Time the target's head for HEAD_TRIALS rows as laid out and as W @ xᵀ
+    (alternated round by round, each kept at its fastest), and leave it running
+    as W @ xᵀ up to the most rows below which that won at every size timed (0:
+    never). Drafts sharing the target's weights share its head."""
+    w = model.weights
+    route_head(w, HEAD_TRIALS[-1])
+    head, g = w.lm_head, torch.Generator().manual_seed(0)
+    xs = {m: torch.randn(m, model.cfg.hidden_size, generator=g).to(model.device, model.dtype) for m in HEAD_TRIALS}
+    best: list[dict[int, float]] = [{}, {}]  # as laid out, as W @ xᵀ
+    for r in range(rounds + 2):  # the first two: lazy initialisation, untimed
+        column = r % 2
+        head.upto = HEAD_TRIALS[-1] if column else 0
+        for m, x in xs.items():
+            t0 = time.perf_counter()
+            linear(x, head)
+            wait_for(model.device)
+            if r >= 2:
+                best[column][m] = min(best[column].get(m, math.inf), time.perf_counter() - t0)
+    head_s = {m: (best[0][m], best[1][m]) for m in HEAD_TRIALS}
+    upto = column_upto(head_s)
+    route_head(w, upto)
+    return upto, head_s
+
+
+def column_upto(head_s: dict[int, tuple[float, float]]) -> int:
+    """From rows -> (the head as laid out, as W @ xᵀ) seconds: the most rows up to
+    which W @ xᵀ won at every size timed (0: it lost at one row)."""
+    upto = 0
+    for m in sorted(head_s):
+        if head_s[m][1] >= head_s[m][0]:
+            break
+        upto = m
+    return upto
 
 
 def choose_packed_from(model: LlamaModel, weights: list[LlamaWeights]) -> tuple[int | None, dict]:

@@ -14,7 +14,8 @@ runner-up (~2 s): a profile taken while something else ran on the cores (~10x
 slower) or on a machine that has since changed prices every forward wrongly,
 and one whose choice a slow spell decided would keep a layout 1.4x slower for
 good, so a profile whose forwards now run more than DRIFT off its figures, or
-whose runner-up now beats its choice by RIVAL, is measured over. The file is
+whose runner-up now beats its choice by RIVAL, is measured over (the routes to
+MKL-packed copies and of the head are taken as kept, not timed again). The file is
 plain JSON (nothing executable), checked field by field on reading: one that
 does not parse, match or check is measured over and rewritten.
 """
@@ -30,13 +31,13 @@ from pathlib import Path
 
 import torch
 
-from engines.layouts import LAYOUTS, pack_rows, packs_agree
+from engines.layouts import LAYOUTS, pack_rows, packs_agree, route_head
 from engines.llama import LlamaModel, LlamaWeights
 from engines.profile import Profile, choose_layout, combination, layouts_to_try, probe_s
 
 log = logging.getLogger(__name__)
 
-FORMAT = "specgate.profile.v1"
+FORMAT = "specgate.profile.v2"  # v2: the head's route
 DRIFT = 1.3  # a kept profile is taken while its probe forwards now run within this factor of its figure
 RIVAL = 1.1  # ... and while its runner-up does not now run them this much faster
 _CPU_FIELDS = ("vendor_id", "cpu family", "model", "model name", "stepping", "flags")
@@ -145,6 +146,7 @@ def why_stale(prof: Profile, model: LlamaModel, weights: list[LlamaWeights], dri
     if prof.packed_from is not None:
         for w in weights:
             pack_rows(w, prof.packed_from)
+    route_head(model.weights, prof.head_upto)
     torch.set_num_threads(prof.threads)
     log.info("start-up profile check: %s %.1f ms (kept %.1f)%s", prof.choice, now * 1e3,
              prof.step_s[prof.choice] * 1e3, f"; runner-up {second} {theirs * 1e3:.1f} ms" if second else "")

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from engines.layouts import (
     LAYOUTS,
     Bf16,
+    ColumnHead,
     RowPacked,
     can_pack_rows,
     dense,
@@ -16,11 +17,12 @@ from engines.layouts import (
     pack_for_cpu,
     pack_rows,
     packs_agree,
+    route_head,
     route_rows,
     to_bf16,
     to_dense,
 )
-from engines.profile import choose_layout, layouts_to_try
+from engines.profile import HEAD_TRIALS, choose_head, choose_layout, column_upto, layouts_to_try
 from tests.helpers import lean_from_hf, tiny_hf_model
 
 needs_mkl = pytest.mark.skipif(not can_pack_rows(torch.float32), reason="no MKL packed GEMM in this torch build")
@@ -181,3 +183,44 @@ def test_the_profile_leaves_the_layout_it_chose_in_place_for_every_weight_set():
         assert set(LAYOUTS) >= {prof.layout}
     finally:
         torch.set_num_threads(threads)
+
+
+@needs_mkl
+@pytest.mark.parametrize("layout", ["dense", "rows", "onednn"])
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_head_routed_as_w_x_transposed_computes_the_layouts_logits_and_lays_out_again_as_it_was(layout, tied):
+    if layout == "onednn" and not torch.backends.mkldnn.is_available():
+        pytest.skip("no oneDNN")
+    lean = lean_from_hf(tiny_hf_model(vocab=64, hidden=32), torch.float32)
+    w = lean.weights
+    if tied:
+        w.lm_head = w.embed
+    want = dense(w.lm_head).clone()
+    {"dense": to_dense, "rows": lambda w: pack_rows(w, LEAST), "onednn": pack_for_cpu}[layout](w)
+    laid = w.lm_head
+    route_head(w, 3)
+    head = w.lm_head
+    assert isinstance(head, ColumnHead) and head.w is laid and (head.dense is w.embed) == tied
+    for m in range(1, 7):  # a lone row (fed as two), 2-3 rows as W @ xᵀ, then the layout's own
+        x = torch.randn(m, 32)
+        out = linear(x, head)
+        assert out.shape == (m, 64)
+        torch.testing.assert_close(out, F.linear(x, want), rtol=1e-5, atol=1e-5)
+    route_head(w, 0)  # unrouted: the layout's head again
+    assert w.lm_head is laid
+    route_head(w, 5)
+    to_dense(w)  # laying out again drops the route (and ties the head again)
+    assert not isinstance(w.lm_head, ColumnHead) and (w.lm_head is w.embed) == tied
+    assert torch.equal(dense(w.lm_head), want)
+
+
+def test_the_profile_routes_the_head_up_to_the_rows_where_w_x_transposed_stops_winning():
+    # W @ xᵀ faster for 1-5 rows, slower at 6, faster again at 12: routed up to 5
+    assert column_upto({1: (3.7, 2.9), 2: (4.8, 2.8), 5: (5.7, 5.0), 6: (6.0, 6.2), 12: (7.6, 7.0)}) == 5
+    assert column_upto({1: (3.7, 9.2), 2: (4.8, 2.8)}) == 0  # losing at one row: never
+    assert column_upto({m: (2.0, 1.0) for m in HEAD_TRIALS}) == HEAD_TRIALS[-1]
+    lean = lean_from_hf(tiny_hf_model(vocab=64, hidden=32), torch.float32)
+    upto, head_s = choose_head(lean)  # on this machine: whatever it measured, in place
+    assert set(head_s) == set(HEAD_TRIALS) and upto == column_upto(head_s)
+    head = lean.weights.lm_head
+    assert (head.upto if isinstance(head, ColumnHead) else 0) == upto

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engines import profile_cache
-from engines.layouts import RowPacked
+from engines.layouts import ColumnHead, RowPacked
 from engines.profile import Profile
 from engines.profile_cache import cpu_profile, keep, profile_key, recall
 from engines.stepcost import StepCost
@@ -53,7 +53,9 @@ def test_a_restart_takes_the_kept_profile_with_its_layout_and_a_new_key_measures
     again = cpu_profile(restart, [restart.weights], True, 1, False, tmp_path, **LOOSE)
     assert len(calls) == 1  # nothing measured
     assert again.to_dict() == prof.to_dict() and again.cost.step(9, 1, 1) == prof.cost.step(9, 1, 1)
-    assert restart.weights.layers[0].gate_up.is_mkldnn and restart.weights.lm_head.is_mkldnn
+    head = restart.weights.lm_head  # routed as kept, in the kept layout
+    assert (head.upto if isinstance(head, ColumnHead) else 0) == prof.head_upto
+    assert restart.weights.layers[0].gate_up.is_mkldnn and (head.w if isinstance(head, ColumnHead) else head).is_mkldnn
     ids = torch.arange(7)
     torch.testing.assert_close(restart.forward(ids, restart.new_cache(8)), first.forward(ids, first.new_cache(8)))
 
