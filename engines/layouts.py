@@ -29,13 +29,18 @@ project's CPUs disagree about which is fastest:
                 rows, equal at 9, 4% slower at 16, and costs one copy of the
                 weights in memory instead of three.
 
-The head (vocabulary x hidden, by far the largest matmul) may also run as W @ xᵀ
-for forwards of up to `upto` rows (ColumnHead, measured at start-up): BLAS then
-streams the weight once for all rows, where oneDNN's and BLAS's x @ Wᵀ kernels
-for 2-5 rows do not. On an AMD EPYC (SmolLM2's 49,152 x 576 head, 2 threads) it
-took 2.8 ms for 2 rows against oneDNN's 4.8, and 2.9 ms for one row fed as two
-(a lone row alone runs BLAS's matrix-vector path, 9.2 ms) against 3.7; from 6
-rows oneDNN is faster.
+Over this, any matmul may run as W @ xᵀ over a dense copy of its weight for
+forwards of up to `upto` rows (Columns; the layers and the head each get their
+own bound, measured at start-up): MKL's GEMM with the weight as its left
+operand and the few rows as columns streams the weight from memory faster than
+oneDNN's or BLAS's x @ Wᵀ kernels do for a few rows. A decode step reads every
+weight once from memory (SmolLM2 in float32: ~0.5 GB a step), so that speed is
+the step's: on an AMD EPYC, 30 layers' matmuls for one row took 12.9 ms as
+W @ xᵀ (the row fed as two: a lone column takes BLAS's slower matrix-vector
+path) against oneDNN's 20.8, 2 rows 12.3 against 21.7, 5 rows 24.1 against
+26.5; from 6 rows oneDNN is faster. The copy costs memory: the layers once more
+where the layout is not dense (a dense layout, and a head tied to the
+embedding, use the weight itself).
 
 A row's result does not depend on the layout beyond float rounding (the same
 kind of difference as between BLAS kernels for different row counts).
@@ -86,12 +91,11 @@ class Bf16:
         return y if b is None else y + b
 
 
-class ColumnHead:
-    """The head in the layout `w` for forwards of more than `upto` rows, and as
-    W @ xᵀ over its dense weight (the embedding's, when tied: no copy) for up to
-    `upto` (0: never); a lone row is fed as two, since a matrix-vector product
-    takes the slow path. Logits come back as a transposed view: [rows, V], not
-    contiguous (what reads them reads rows)."""
+class Columns:
+    """A weight in the layout `w`, run as W @ xᵀ over its dense form `dense_w` for
+    forwards of up to `upto` rows (0: never, the copy kept) and as laid out
+    beyond. Results come back as a transposed view: [rows, out], not contiguous
+    (what reads them reads rows)."""
 
     def __init__(self, w, upto: int, dense_w: torch.Tensor):
         self.w, self.dense, self.upto = w, dense_w, upto
@@ -100,25 +104,45 @@ class ColumnHead:
         m = x.shape[0]
         if m > self.upto:
             return linear(x, self.w, b)
-        cols = x if m > 1 else x.expand(2, -1).contiguous()  # [max(m, 2), E]
-        y = torch.mm(self.dense, cols.t()).t()[:m]  # [m, V]
+        # contiguous rows: MKL takes their transpose as a column-major operand (strided ones ran slower);
+        # a lone row goes as two, else BLAS takes its matrix-vector path (2.6x slower for SmolLM2's head)
+        cols = x.contiguous() if m > 1 else x.expand(2, -1).contiguous()  # [max(m, 2), in]
+        y = torch.mm(self.dense, cols.t()).t()[:m]  # [m, out]
         return y if b is None else y + b
 
 
-def route_head(weights: LlamaWeights, upto: int) -> None:
-    """Run the head as W @ xᵀ for forwards of up to `upto` rows (0: as its layout);
-    laying the weights out again drops it (LAYOUTS, pack_rows: to_dense first)."""
-    head = _unrouted(weights.lm_head)
+def route_columns(weights: LlamaWeights, layers: int, head: int) -> None:
+    """Run the layers' matmuls as W @ xᵀ for forwards of up to `layers` rows and the
+    head for up to `head` (0: as laid out, the dense copy dropped). Laying the
+    weights out again (LAYOUTS, pack_rows: to_dense first) drops the routes."""
+    for lw in weights.layers:
+        for name in MATMULS:
+            setattr(lw, name, _routed(getattr(lw, name), layers))
+    weights.lm_head = _routed(weights.lm_head, head, tied=weights.embed)
+
+
+def routed(weights: LlamaWeights) -> list[Columns]:
+    """The layers' routed matmuls (what the start-up profile toggles)."""
+    return [w for lw in weights.layers for w in (getattr(lw, n) for n in MATMULS) if isinstance(w, Columns)]
+
+
+def _routed(w, upto: int, tied: torch.Tensor | None = None):
+    if isinstance(w, Columns):
+        if upto:
+            w.upto = upto
+            return w
+        return w.w
     if not upto:
-        weights.lm_head = head
-        return
-    d = dense(head)
-    tied = d is weights.embed or (d.shape == weights.embed.shape and torch.equal(d, weights.embed))
-    weights.lm_head = ColumnHead(head, upto, weights.embed if tied else d)
+        return w
+    d = dense(w)
+    if tied is not None and d is not tied and d.shape == tied.shape and torch.equal(d, tied):
+        d = tied  # the embedding, not a copy of it
+    return Columns(w, upto, d)
 
 
-def _unrouted(head):
-    return head.w if isinstance(head, ColumnHead) else head
+def unrouted(w):
+    """A weight as laid out, whether routed as W @ xᵀ or not."""
+    return w.w if isinstance(w, Columns) else w
 
 
 def runs_packed(rows: int, least: int | None) -> bool:
@@ -133,7 +157,7 @@ def can_pack_rows(dtype: torch.dtype) -> bool:
 
 def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, in] @ w [out, in]^T (+ b), whatever w's layout."""
-    if isinstance(w, (RowPacked, Bf16, ColumnHead)):
+    if isinstance(w, (RowPacked, Bf16, Columns)):
         return w(x, b)
     if w.is_mkldnn:
         # oneDNN's linear with dense activations: the same kernel, bit for bit, as converting
@@ -145,7 +169,7 @@ def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
 
 def dense(w) -> torch.Tensor:
     """The plain tensor of a weight in any layout."""
-    if isinstance(w, (RowPacked, Bf16, ColumnHead)):
+    if isinstance(w, (RowPacked, Bf16, Columns)):
         return w.dense
     return w.to_dense() if w.is_mkldnn else w
 
@@ -217,7 +241,7 @@ def packs_agree(weights: LlamaWeights, rows: tuple[int, ...] = (1, 5, 40), tol: 
 
 
 def _row_packed(weights: LlamaWeights) -> list[RowPacked]:
-    return [w for w in [*(getattr(lw, n) for lw in weights.layers for n in MATMULS), _unrouted(weights.lm_head)]
+    return [w for w in map(unrouted, [*(getattr(lw, n) for lw in weights.layers for n in MATMULS), weights.lm_head])
             if isinstance(w, RowPacked)]
 
 

@@ -8,9 +8,10 @@ fastest (logged: on one of the project's CPUs oneDNN packing wins 1.4x, on
 another it loses 1.4-1.6x, and there bfloat16 matmuls cost the same for 1 to
 16 rows). With dense weights, time forwards of several tokens with and without
 a copy of the weights MKL packed (engines/layouts.py), from how many tokens
-it wins, and keep it from there. Time the target's head alone in the chosen
-layout and as W @ xᵀ (engines/layouts.py: ColumnHead) for 1 to 32 rows, and
-run it as W @ xᵀ up to the rows where that stops winning. Then time
+it wins, and keep it from there. Time the target's forwards with its layers'
+matmuls as laid out and as W @ xᵀ (engines/layouts.py: Columns) for 1 to 8
+tokens, then its head alone both ways for 1 to 32 rows, and run each as W @ xᵀ
+up to the rows where that stops winning. Then time
 forwards of a few batch shapes to fit the step-cost model the verification
 budget uses (engines/budget.py); the scheduler keeps
 refitting it from every step it runs.
@@ -25,7 +26,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engines.layouts import LAYOUTS, can_pack_rows, can_run_bf16, linear, pack_rows, packs_agree, route_head, route_rows
+from engines.layouts import (
+    LAYOUTS,
+    can_pack_rows,
+    can_run_bf16,
+    linear,
+    pack_rows,
+    packs_agree,
+    route_columns,
+    route_rows,
+    routed,
+)
 from engines.llama import LlamaModel, LlamaWeights
 from engines.stepcost import StepCost, features, fit
 
@@ -40,6 +51,12 @@ PACK_TRIALS = (1, 2, 3, 4, 6, LONE_TOKENS, 16, 32)
 PROBE = [[(1, False)], [(LONE_TOKENS, True)], [(1, False)] * 16]
 # the rows the head is timed at in its layout and as W @ xᵀ: a lone row verifying, and batches decoding
 HEAD_TRIALS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 24, 32)
+# the tokens of the lone forwards the layers' matmuls are timed at as laid out and as W @ xᵀ (whole forwards:
+# a weight alone stays in cache, where the forward streams every weight from memory)
+LAYER_TRIALS = (1, 2, 3, 4, 5, 6, 8)
+# a route as W @ xᵀ is taken where it runs at most this fraction of the layout's time: where the two are
+# within noise (6-8 tokens on an AMD EPYC: 43-55 ms either way, by the round), the layout's kernels stay
+ROUTE_MARGIN = 0.97
 LAYOUT_NAMES = {"dense": "dense", "packed": "oneDNN-packed", "bf16": "bfloat16-matmul"}
 
 
@@ -51,6 +68,8 @@ class Profile:
     cost: StepCost = field(default_factory=StepCost)
     packed_from: int | None = None  # forwards of at least this many rows run the MKL-packed copies (None: none)
     pack_s: dict[int, tuple[float, float]] = field(default_factory=dict)  # tokens -> (dense, packed) forward
+    layers_upto: int = 0  # the layers' matmuls run as W @ xᵀ for forwards of up to this many rows (0: never)
+    layers_s: dict[int, tuple[float, float]] = field(default_factory=dict)  # tokens -> (as laid out, W @ xᵀ) forward
     head_upto: int = 0  # the head runs as W @ xᵀ for forwards of up to this many rows (0: never)
     head_s: dict[int, tuple[float, float]] = field(default_factory=dict)  # rows -> (its layout, W @ xᵀ) head
 
@@ -61,7 +80,9 @@ class Profile:
                        f"dense; {LONE_TOKENS}: {self.pack_s[LONE_TOKENS][1] * 1e3:.1f} against "
                        f"{self.pack_s[LONE_TOKENS][0] * 1e3:.1f})")
         layouts = (f" (a decode step, a lone row feeding {LONE_TOKENS} tokens and 16 rows decoding: {others}); "
-                   f"MKL-packed copies: {packs or 'none'}; head as W @ xᵀ: {self._head()}") if others else ""
+                   f"MKL-packed copies: {packs or 'none'}; as W @ xᵀ: the layers "
+                   f"{self._route(self.layers_upto, self.layers_s, 'tokens')}, the head "
+                   f"{self._route(self.head_upto, self.head_s, 'rows')}") if others else ""
         # none timed: not a CPU
         return (f"{self.threads} threads, {LAYOUT_NAMES[self.layout]} weights{layouts}; "
                 f"step cost {self.cost.a * 1e3:.1f} ms + "
@@ -78,6 +99,7 @@ class Profile:
     def to_dict(self) -> dict:
         return dict(threads=self.threads, layout=self.layout, step_s=self.step_s, cost=self.cost.to_dict(),
                     packed_from=self.packed_from, pack_s={str(n): list(v) for n, v in self.pack_s.items()},
+                    layers_upto=self.layers_upto, layers_s={str(n): list(v) for n, v in self.layers_s.items()},
                     head_upto=self.head_upto, head_s={str(n): list(v) for n, v in self.head_s.items()})
 
     @staticmethod
@@ -86,27 +108,29 @@ class Profile:
         def pairs(m) -> dict[int, tuple[float, float]]:
             return {int(n): (float(v[0]), float(v[1])) for n, v in dict(m).items()}
         prof = Profile(int(d["threads"]), str(d["layout"]), {str(k): float(v) for k, v in dict(d["step_s"]).items()},
-                       StepCost.from_dict(d["cost"]), d["packed_from"], pairs(d["pack_s"]), int(d["head_upto"]),
-                       pairs(d["head_s"]))
-        packs, head = prof.packed_from, prof.head_upto
+                       StepCost.from_dict(d["cost"]), d["packed_from"], pairs(d["pack_s"]), int(d["layers_upto"]),
+                       pairs(d["layers_s"]), int(d["head_upto"]), pairs(d["head_s"]))
+        packs, layers, head = prof.packed_from, prof.layers_upto, prof.head_upto
         holds = (prof.threads >= 1 and prof.layout in LAYOUTS and packs == prof.cost.packed_from
+                 and layers == prof.cost.columns_upto
                  and (packs is None or (prof.layout == "dense" and {packs, LONE_TOKENS} <= set(prof.pack_s)))
-                 and (head == 0 or head in prof.head_s)
+                 and (layers == 0 or layers in prof.layers_s) and (head == 0 or head in prof.head_s)
                  and sorted(prof.cost.lone) == list(range(1, LONE_TOKENS + 1)) and prof.choice in prof.step_s
                  and all(math.isfinite(v) and v > 0 and combination(k)[1] in LAYOUTS for k, v in prof.step_s.items()))
         if not holds:
             raise ValueError("not a profile this version made")
         return prof
 
-    def _head(self) -> str:
-        n = self.head_upto
-        if not n:
+    @staticmethod
+    def _route(upto: int, times: dict[int, tuple[float, float]], unit: str) -> str:
+        if not upto:
             return "never"
-        two = f"; 2: {self.head_s[2][1] * 1e3:.1f} against {self.head_s[2][0] * 1e3:.1f} ms" if 2 in self.head_s else ""
-        return f"up to {n} rows ({n}: {self.head_s[n][1] * 1e3:.1f} against {self.head_s[n][0] * 1e3:.1f} ms{two})"
+        two = f"; 2: {times[2][1] * 1e3:.1f} against {times[2][0] * 1e3:.1f} ms" if 2 in times and upto > 2 else ""
+        return f"up to {upto} {unit} ({upto}: {times[upto][1] * 1e3:.1f} against {times[upto][0] * 1e3:.1f} ms{two})"
 
     def _packs_cost(self) -> str:
-        return f" + {self.cost.g * 1e3:.1f} ms packed" if self.packed_from else ""
+        return (f" + {self.cost.g * 1e3:.1f} ms packed" if self.packed_from else "") + (
+            f" + {self.cost.h * 1e3:.1f} ms beyond {self.layers_upto} tokens" if self.layers_upto else "")
 
 
 def combination_name(threads: int, layout: str) -> str:
@@ -174,21 +198,22 @@ SHAPES = [[1] * 2, [1] * 4, [1] * 8, [1] * 16, [3] * 4, [1] * 6 + [5] * 2, [1] *
           [1] * 4 + [32], [1] * 8 + [128]]
 
 
-def fit_cost(model: LlamaModel, packed_from: int | None = None) -> StepCost:
+def fit_cost(model: LlamaModel, packed_from: int | None = None, columns_upto: int = 0) -> StepCost:
     """Time a lone row feeding 1..LONE_TOKENS tokens (kept as measured) and
     forwards of the batched SHAPES; fit the step-cost model over all of them,
-    with forwards of at least `packed_from` tokens on the MKL-packed copies."""
+    with forwards of at least `packed_from` tokens on the MKL-packed copies and
+    of up to `columns_upto` on the layers' route as W @ xᵀ."""
     import numpy as np
 
     counts = list(range(1, LONE_TOKENS + 1))
     lone = dict(zip(counts, _fastest_steps(model, [[(t, t > 1)] for t in counts], repeats=5)))
-    x = [features(t, 1, int(t > 1), packed_from) for t in lone]
+    x = [features(t, 1, int(t > 1), packed_from, columns_upto) for t in lone]
     y = list(lone.values())
     # a verifying row wants logits for every position; a prefill chunk (a feed longer than any
     # verification) only for its last
     y += _fastest_steps(model, [[(n, 1 < n <= LONE_TOKENS) for n in shape] for shape in SHAPES], repeats=3)
-    x += [features(sum(shape), len(shape), sum(n > 1 for n in shape), packed_from) for shape in SHAPES]
-    return fit(np.array(x), np.array(y), lone, packed_from)
+    x += [features(sum(shape), len(shape), sum(n > 1 for n in shape), packed_from, columns_upto) for shape in SHAPES]
+    return fit(np.array(x), np.array(y), lone, packed_from, columns_upto)
 
 
 def layouts_to_try(pack: bool | str, bf16: bool | str) -> list[str]:
@@ -223,9 +248,31 @@ def choose_layout(model: LlamaModel, weights: list[LlamaWeights], pack: bool | s
     prof = Profile(best_threads, best_layout, {combination_name(n, p): s for (n, p), s in timings.items()})
     if best_layout == "dense" and pack == "auto" and can_pack_rows(model.dtype):
         prof.packed_from, prof.pack_s = choose_packed_from(model, weights)
+    prof.layers_upto, prof.layers_s = choose_layer_route(model)
     prof.head_upto, prof.head_s = choose_head(model)
-    prof.cost = fit_cost(model, prof.packed_from)
+    prof.cost = fit_cost(model, prof.packed_from, prof.layers_upto)
     return prof
+
+
+def choose_layer_route(model: LlamaModel, rounds: int = 3) -> tuple[int, dict[int, tuple[float, float]]]:
+    """Time lone forwards of LAYER_TRIALS tokens with the target's layer matmuls as
+    laid out and as W @ xᵀ (alternated round by round, each kept at its fastest),
+    and leave them running as W @ xᵀ up to the most tokens below which that won at
+    every size timed (0: never, and the dense copies dropped). Drafts sharing the
+    target's weights share the route."""
+    w = model.weights
+    route_columns(w, LAYER_TRIALS[-1], 0)
+    best: list[dict[int, float]] = [{}, {}]  # as laid out, as W @ xᵀ
+    for r in range(2 * rounds):
+        column = r % 2
+        for c in routed(w):
+            c.upto = LAYER_TRIALS[-1] if column else 0
+        for n, t in zip(LAYER_TRIALS, _fastest_steps(model, [[(n, n > 1)] for n in LAYER_TRIALS], repeats=1)):
+            best[column][n] = min(best[column].get(n, math.inf), t)
+    times = {n: (best[0][n], best[1][n]) for n in LAYER_TRIALS}
+    upto = upto_where_faster(times)
+    route_columns(w, upto, 0)
+    return upto, times
 
 
 def choose_head(model: LlamaModel, rounds: int = 8) -> tuple[int, dict[int, tuple[float, float]]]:
@@ -234,7 +281,8 @@ def choose_head(model: LlamaModel, rounds: int = 8) -> tuple[int, dict[int, tupl
     as W @ xᵀ up to the most rows below which that won at every size timed (0:
     never). Drafts sharing the target's weights share its head."""
     w = model.weights
-    route_head(w, HEAD_TRIALS[-1])
+    layers = max((c.upto for c in routed(w)), default=0)
+    route_columns(w, layers, HEAD_TRIALS[-1])
     head, g = w.lm_head, torch.Generator().manual_seed(0)
     xs = {m: torch.randn(m, model.cfg.hidden_size, generator=g).to(model.device, model.dtype) for m in HEAD_TRIALS}
     best: list[dict[int, float]] = [{}, {}]  # as laid out, as W @ xᵀ
@@ -247,18 +295,18 @@ def choose_head(model: LlamaModel, rounds: int = 8) -> tuple[int, dict[int, tupl
             wait_for(model.device)
             if r >= 2:
                 best[column][m] = min(best[column].get(m, math.inf), time.perf_counter() - t0)
-    head_s = {m: (best[0][m], best[1][m]) for m in HEAD_TRIALS}
-    upto = column_upto(head_s)
-    route_head(w, upto)
-    return upto, head_s
+    times = {m: (best[0][m], best[1][m]) for m in HEAD_TRIALS}
+    upto = upto_where_faster(times)
+    route_columns(w, layers, upto)
+    return upto, times
 
 
-def column_upto(head_s: dict[int, tuple[float, float]]) -> int:
-    """From rows -> (the head as laid out, as W @ xᵀ) seconds: the most rows up to
-    which W @ xᵀ won at every size timed (0: it lost at one row)."""
+def upto_where_faster(times: dict[int, tuple[float, float]], margin: float = ROUTE_MARGIN) -> int:
+    """From rows -> (seconds as laid out, as W @ xᵀ): the most rows up to which
+    W @ xᵀ won by `margin` at every size timed (0: not at one row)."""
     upto = 0
-    for m in sorted(head_s):
-        if head_s[m][1] >= head_s[m][0]:
+    for m in sorted(times):
+        if times[m][1] > margin * times[m][0]:
             break
         upto = m
     return upto

@@ -15,7 +15,7 @@ slower) or on a machine that has since changed prices every forward wrongly,
 and one whose choice a slow spell decided would keep a layout 1.4x slower for
 good, so a profile whose forwards now run more than DRIFT off its figures, or
 whose runner-up now beats its choice by RIVAL, is measured over (the routes to
-MKL-packed copies and of the head are taken as kept, not timed again). The file is
+MKL-packed copies and as W @ xᵀ are taken as kept, not timed again). The file is
 plain JSON (nothing executable), checked field by field on reading: one that
 does not parse, match or check is measured over and rewritten.
 """
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from engines.layouts import LAYOUTS, pack_rows, packs_agree, route_head
+from engines.layouts import LAYOUTS, pack_rows, packs_agree, route_columns
 from engines.llama import LlamaModel, LlamaWeights
 from engines.profile import Profile, choose_layout, combination, layouts_to_try, probe_s
 
@@ -146,7 +146,7 @@ def why_stale(prof: Profile, model: LlamaModel, weights: list[LlamaWeights], dri
     if prof.packed_from is not None:
         for w in weights:
             pack_rows(w, prof.packed_from)
-    route_head(model.weights, prof.head_upto)
+    route_columns(model.weights, prof.layers_upto, prof.head_upto)
     torch.set_num_threads(prof.threads)
     log.info("start-up profile check: %s %.1f ms (kept %.1f)%s", prof.choice, now * 1e3,
              prof.step_s[prof.choice] * 1e3, f"; runner-up {second} {theirs * 1e3:.1f} ms" if second else "")

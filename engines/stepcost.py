@@ -4,7 +4,8 @@ Profiled at start-up (engines/profile.py) and refitted from every step the
 scheduler runs; the verification budget (engines/budget.py) prices drafting
 and verification with it. Many rows: a + b·tokens + c·rows + e·(rows feeding
 more than one token) (+ d once the forward feeds more than one token, + g once
-it runs the MKL-packed copies), by non-negative least squares. One row: a table
+it runs the MKL-packed copies, + h once it leaves the matmuls run as W @ xᵀ), by
+non-negative least squares. One row: a table
 of measured seconds per token count, times the machine's pace since.
 """
 
@@ -26,10 +27,13 @@ class StepCost:
     """Seconds of one target forward.
 
     Many rows: a + b · tokens + c · rows + e · multi + d · [tokens > 1] + g ·
-    [packed], least squares over a sliding window of measured steps. `packed`:
-    the forward's tokens reach `packed_from`, where the MKL-packed copies
-    (engines/layouts.py) take over from BLAS's small-matrix kernels; g is that
-    switch (on the Intel Xeon, 5-9 ms). `multi` counts rows feeding more than
+    [packed] + h · [laid out], least squares over a sliding window of measured
+    steps. `packed`: the forward's tokens reach `packed_from`, where the
+    MKL-packed copies (engines/layouts.py) take over from BLAS's small-matrix
+    kernels; g is that switch (on the Intel Xeon, 5-9 ms). `laid out`: its tokens
+    pass `columns_upto`, where the layers' matmuls leave W @ xᵀ for their layout
+    (engines/layouts.py: Columns); h is that switch (on an AMD EPYC ~7 ms, a
+    forward of 5 tokens 36 ms and of 6 tokens 43). `multi` counts rows feeding more than
     one token (verifying drafts, or a prefill chunk): such a row's attention
     leaves the one-query path and masks its new positions, so its first
     verified draft costs b + e and every further one b (at
@@ -53,9 +57,10 @@ class StepCost:
 
     def __init__(self, a: float = 0.03, b: float = 0.002, c: float = 0.0, d: float = 0.0, window: int = 400,
                  lone: dict[int, float] | None = None, e: float = 0.0, g: float = 0.0,
-                 packed_from: int | None = None):
-        self.a, self.b, self.c, self.d, self.e, self.g = a, b, c, d, e, g
+                 packed_from: int | None = None, h: float = 0.0, columns_upto: int = 0):
+        self.a, self.b, self.c, self.d, self.e, self.g, self.h = a, b, c, d, e, g, h
         self.packed_from = packed_from  # forwards of at least this many tokens run MKL-packed copies
+        self.columns_upto = columns_upto  # forwards of up to this many tokens run the layers as W @ xᵀ (0: none)
         self.lone: dict[int, float] = dict(lone or {})  # tokens fed by a lone row -> seconds at pace 1
         self.pace = 1.0  # the machine's speed now against the table's: a step's seconds over its entry
         self._unit = min(self.lone, default=1)  # the entry the others are learnt against
@@ -65,25 +70,27 @@ class StepCost:
 
     def to_dict(self) -> dict:
         """The prices (not the window of steps behind them), for a profile kept on disk."""
-        return dict(a=self.a, b=self.b, c=self.c, d=self.d, e=self.e, g=self.g, packed_from=self.packed_from,
-                    lone={str(t): s for t, s in self.lone.items()})
+        return dict(a=self.a, b=self.b, c=self.c, d=self.d, e=self.e, g=self.g, h=self.h, packed_from=self.packed_from,
+                    columns_upto=self.columns_upto, lone={str(t): s for t, s in self.lone.items()})
 
     @staticmethod
     def from_dict(d: dict) -> StepCost:
         """From to_dict() output; ValueError (or TypeError) on anything else."""
-        prices = [float(d[k]) for k in "abcdeg"]
+        prices = [float(d[k]) for k in "abcdegh"]
         lone = {int(t): float(s) for t, s in dict(d["lone"]).items()}
-        packed_from = d["packed_from"]
+        packed_from, columns_upto = d["packed_from"], d["columns_upto"]
         if not all(map(math.isfinite, prices + list(lone.values()))) or min(lone.values(), default=1.0) <= 0 or (
-                packed_from is not None and (not isinstance(packed_from, int) or packed_from < 1)):
+                packed_from is not None and (not isinstance(packed_from, int) or packed_from < 1)) or (
+                not isinstance(columns_upto, int) or columns_upto < 0):
             raise ValueError("step-cost prices out of range")
-        a, b, c, dd, e, g = prices
-        return StepCost(a, b, c, dd, lone=lone, e=e, g=g, packed_from=packed_from)
+        a, b, c, dd, e, g, h = prices
+        return StepCost(a, b, c, dd, lone=lone, e=e, g=g, packed_from=packed_from, h=h, columns_upto=columns_upto)
 
     def seconds(self, tokens: int, rows: int, multi: int = 0) -> float:
         """The linear model: `features`' columns written out (the budget prices hundreds of forwards a step)."""
         return (self.a + self.b * tokens + self.c * rows + self.e * multi + (self.d if tokens > 1 else 0.0)
-                + (self.g if runs_packed(tokens, self.packed_from) else 0.0))
+                + (self.g if runs_packed(tokens, self.packed_from) else 0.0)
+                + (self.h if leaves_columns(tokens, self.columns_upto) else 0.0))
 
     def step(self, tokens: int, rows: int, multi: int = 0) -> float:
         """What the budget prices a forward at: measured for one row where known, else the model."""
@@ -116,11 +123,11 @@ class StepCost:
         self._since_fit = 0
         if len(self._obs) < 20:
             return
-        x = np.array([features(t, r, m, self.packed_from) for t, r, m, _ in self._obs])
+        x = np.array([features(t, r, m, self.packed_from, self.columns_upto) for t, r, m, _ in self._obs])
         y = np.array([s for *_, s in self._obs])
         # a column that does not vary in the window is not observable: its coefficient stays as it is
         fixed = [j for j in range(1, COLUMNS) if np.ptp(x[:, j]) == 0]
-        prior = np.array([self.a, self.b, self.c, self.e, self.d, self.g])
+        prior = np.array([self.a, self.b, self.c, self.e, self.d, self.g, self.h])
         free = [j for j in range(COLUMNS) if j not in fixed]
         y = y - x[:, fixed] @ prior[fixed]
         x = x[:, free]
@@ -137,24 +144,32 @@ class StepCost:
         self.e = float(new.get(3, self.e))
         self.d = float(new.get(4, self.d))
         self.g = float(new.get(5, self.g))
+        self.h = float(new.get(6, self.h))
 
 
-COLUMNS = 6  # a, b, c, e, d, g
+COLUMNS = 7  # a, b, c, e, d, g, h
 
 
-def features(tokens: int, rows: int, multi: int, packed_from: int | None = None) -> list[float]:
-    """One forward's row of the step-cost regression: the columns of a, b, c, e, d and g."""
-    return [1.0, float(tokens), float(rows), float(multi), float(tokens > 1), float(runs_packed(tokens, packed_from))]
+def leaves_columns(tokens: int, columns_upto: int) -> bool:
+    """Whether a forward of this many tokens runs the layers as laid out, where
+    smaller ones run them as W @ xᵀ (columns_upto 0: none do)."""
+    return 0 < columns_upto < tokens
+
+
+def features(tokens: int, rows: int, multi: int, packed_from: int | None = None, columns_upto: int = 0) -> list[float]:
+    """One forward's row of the step-cost regression: the columns of a, b, c, e, d, g and h."""
+    return [1.0, float(tokens), float(rows), float(multi), float(tokens > 1), float(runs_packed(tokens, packed_from)),
+            float(leaves_columns(tokens, columns_upto))]
 
 
 def fit(x: np.ndarray, y: np.ndarray, lone: dict[int, float] | None = None,
-        packed_from: int | None = None) -> StepCost:
+        packed_from: int | None = None, columns_upto: int = 0) -> StepCost:
     """A step-cost model from forwards timed at start-up (rows of `features`
-    with these packed copies), by non-negative least squares (see
+    with these packed copies and routes), by non-negative least squares (see
     StepCost.refit), with a lone row's table."""
-    (a, b, c, e, d, g), _ = nnls(x, y)
+    (a, b, c, e, d, g, h), _ = nnls(x, y)
     return StepCost(max(float(a), 1e-4), max(float(b), 1e-5), float(c), float(d), lone=lone, e=float(e),
-                    g=float(g), packed_from=packed_from)
+                    g=float(g), packed_from=packed_from, h=float(h), columns_upto=columns_upto)
 
 
 def monotone(table: dict[int, float]) -> dict[int, float]:

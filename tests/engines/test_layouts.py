@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from engines.layouts import (
     LAYOUTS,
     Bf16,
-    ColumnHead,
+    Columns,
     RowPacked,
     can_pack_rows,
     dense,
@@ -17,12 +17,22 @@ from engines.layouts import (
     pack_for_cpu,
     pack_rows,
     packs_agree,
-    route_head,
+    route_columns,
     route_rows,
+    routed,
     to_bf16,
     to_dense,
+    unrouted,
 )
-from engines.profile import HEAD_TRIALS, choose_head, choose_layout, column_upto, layouts_to_try
+from engines.profile import (
+    HEAD_TRIALS,
+    LAYER_TRIALS,
+    choose_head,
+    choose_layer_route,
+    choose_layout,
+    layouts_to_try,
+    upto_where_faster,
+)
 from tests.helpers import lean_from_hf, tiny_hf_model
 
 needs_mkl = pytest.mark.skipif(not can_pack_rows(torch.float32), reason="no MKL packed GEMM in this torch build")
@@ -176,10 +186,10 @@ def test_the_profile_leaves_the_layout_it_chose_in_place_for_every_weight_set():
     try:
         prof = choose_layout(target, [target.weights, other.weights], False, 1, bf16=True)
         assert prof.layout == "bf16" and prof.threads == 1 and set(prof.step_s) == {"1t/bf16"}
-        assert all(isinstance(w.layers[0].gate_up, Bf16) for w in (target.weights, other.weights))
+        assert all(isinstance(unrouted(w.layers[0].gate_up), Bf16) for w in (target.weights, other.weights))
         assert prof.cost.a > 0 and sorted(prof.cost.lone) == list(range(1, 10))
         prof = choose_layout(target, [target.weights, other.weights], False, 1, bf16=False)
-        assert prof.layout == "dense" and not isinstance(other.weights.layers[0].gate_up, Bf16)
+        assert prof.layout == "dense" and not isinstance(unrouted(other.weights.layers[0].gate_up), Bf16)
         assert set(LAYOUTS) >= {prof.layout}
     finally:
         torch.set_num_threads(threads)
@@ -188,39 +198,54 @@ def test_the_profile_leaves_the_layout_it_chose_in_place_for_every_weight_set():
 @needs_mkl
 @pytest.mark.parametrize("layout", ["dense", "rows", "onednn"])
 @pytest.mark.parametrize("tied", [True, False])
-def test_a_head_routed_as_w_x_transposed_computes_the_layouts_logits_and_lays_out_again_as_it_was(layout, tied):
+def test_weights_routed_as_w_x_transposed_compute_the_layouts_results_and_lay_out_again_as_they_were(layout, tied):
     if layout == "onednn" and not torch.backends.mkldnn.is_available():
         pytest.skip("no oneDNN")
-    lean = lean_from_hf(tiny_hf_model(vocab=64, hidden=32), torch.float32)
+    hf = tiny_hf_model(vocab=64, hidden=32)
+    ref, lean = lean_from_hf(hf, torch.float32), lean_from_hf(hf, torch.float32)
     w = lean.weights
     if tied:
-        w.lm_head = w.embed
-    want = dense(w.lm_head).clone()
+        w.lm_head = ref.weights.lm_head = w.embed
+    want = {"qkv": dense(w.layers[0].qkv).clone(), "head": dense(w.lm_head).clone()}
     {"dense": to_dense, "rows": lambda w: pack_rows(w, LEAST), "onednn": pack_for_cpu}[layout](w)
-    laid = w.lm_head
-    route_head(w, 3)
-    head = w.lm_head
-    assert isinstance(head, ColumnHead) and head.w is laid and (head.dense is w.embed) == tied
-    for m in range(1, 7):  # a lone row (fed as two), 2-3 rows as W @ xᵀ, then the layout's own
-        x = torch.randn(m, 32)
-        out = linear(x, head)
-        assert out.shape == (m, 64)
-        torch.testing.assert_close(out, F.linear(x, want), rtol=1e-5, atol=1e-5)
-    route_head(w, 0)  # unrouted: the layout's head again
-    assert w.lm_head is laid
-    route_head(w, 5)
-    to_dense(w)  # laying out again drops the route (and ties the head again)
-    assert not isinstance(w.lm_head, ColumnHead) and (w.lm_head is w.embed) == tied
-    assert torch.equal(dense(w.lm_head), want)
+    laid = (w.layers[0].qkv, w.lm_head)
+    route_columns(w, 2, 3)
+    qkv, head = w.layers[0].qkv, w.lm_head
+    assert isinstance(qkv, Columns) and isinstance(head, Columns) and (qkv.w, head.w) == laid
+    assert (head.dense is w.embed) == tied and (qkv.dense is laid[0]) == (layout == "dense")  # copies only if needed
+    assert len(routed(w)) == 4 * len(w.layers) and qkv.upto == 2 and head.upto == 3
+    for m in range(1, 7):  # a lone row (fed as two), a few rows as W @ xᵀ, then the layout's own kernels
+        for got, weight, n_in in ((qkv, want["qkv"], 32), (head, want["head"], 32)):
+            x = torch.randn(m, n_in)
+            out = linear(x, got)
+            assert out.shape == (m, weight.shape[0])
+            torch.testing.assert_close(out, F.linear(x, weight), rtol=1e-5, atol=1e-5)
+    # whole forwards, every row count from a decode step to past the route, as the reference computes them
+    g = torch.Generator().manual_seed(2)
+    for n in (1, 2, 3, 5):
+        ids = torch.randint(0, 64, (n,), generator=g)
+        torch.testing.assert_close(lean.forward(ids, lean.new_cache(8)), ref.forward(ids, ref.new_cache(8)),
+                                   rtol=1e-4, atol=1e-4)
+    route_columns(w, 0, 0)  # unrouted: the layout's weights again, the copies dropped
+    assert (w.layers[0].qkv, w.lm_head) == laid and not routed(w)
+    route_columns(w, 5, 5)
+    to_dense(w)  # laying out again drops the routes (and ties the head again)
+    assert not isinstance(w.lm_head, Columns) and (w.lm_head is w.embed) == tied and not routed(w)
+    assert torch.equal(dense(w.lm_head), want["head"]) and torch.equal(w.layers[0].qkv, want["qkv"])
 
 
-def test_the_profile_routes_the_head_up_to_the_rows_where_w_x_transposed_stops_winning():
+def test_the_profile_routes_each_part_up_to_the_rows_where_w_x_transposed_stops_winning():
     # W @ xᵀ faster for 1-5 rows, slower at 6, faster again at 12: routed up to 5
-    assert column_upto({1: (3.7, 2.9), 2: (4.8, 2.8), 5: (5.7, 5.0), 6: (6.0, 6.2), 12: (7.6, 7.0)}) == 5
-    assert column_upto({1: (3.7, 9.2), 2: (4.8, 2.8)}) == 0  # losing at one row: never
-    assert column_upto({m: (2.0, 1.0) for m in HEAD_TRIALS}) == HEAD_TRIALS[-1]
+    assert upto_where_faster({1: (3.7, 2.9), 2: (4.8, 2.8), 5: (5.7, 5.0), 6: (6.0, 6.2), 12: (7.6, 7.0)}) == 5
+    assert upto_where_faster({1: (3.7, 2.9), 2: (4.8, 2.8), 3: (5.0, 4.9)}) == 2  # 2% faster at 3: within noise
+    assert upto_where_faster({1: (3.7, 9.2), 2: (4.8, 2.8)}) == 0  # losing at one row: never
+    assert upto_where_faster({m: (2.0, 1.0) for m in HEAD_TRIALS}) == HEAD_TRIALS[-1]
     lean = lean_from_hf(tiny_hf_model(vocab=64, hidden=32), torch.float32)
-    upto, head_s = choose_head(lean)  # on this machine: whatever it measured, in place
-    assert set(head_s) == set(HEAD_TRIALS) and upto == column_upto(head_s)
+    layers, layers_s = choose_layer_route(lean)  # on this machine: whatever it measured, in place
+    head_upto, head_s = choose_head(lean)
+    assert set(layers_s) == set(LAYER_TRIALS) and layers == upto_where_faster(layers_s)
+    assert set(head_s) == set(HEAD_TRIALS) and head_upto == upto_where_faster(head_s)
+    assert all(c.upto == layers for c in routed(lean.weights)) and len(routed(lean.weights)) == (
+        4 * len(lean.weights.layers) if layers else 0)
     head = lean.weights.lm_head
-    assert (head.upto if isinstance(head, ColumnHead) else 0) == upto
+    assert (head.upto if isinstance(head, Columns) else 0) == head_upto

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engines import profile_cache
-from engines.layouts import ColumnHead, RowPacked
+from engines.layouts import Columns, RowPacked, routed, unrouted
 from engines.profile import Profile
 from engines.profile_cache import cpu_profile, keep, profile_key, recall
 from engines.stepcost import StepCost
@@ -46,21 +46,22 @@ def test_a_restart_takes_the_kept_profile_with_its_layout_and_a_new_key_measures
     first, restart = models
     calls = measured(monkeypatch)
     prof = cpu_profile(first, [first.weights], True, 1, False, tmp_path)
-    assert len(calls) == 1 and prof.layout == "packed" and first.weights.layers[0].gate_up.is_mkldnn
+    assert len(calls) == 1 and prof.layout == "packed" and unrouted(first.weights.layers[0].gate_up).is_mkldnn
     files = list((tmp_path / "profiles").glob("*.json"))
     assert [f.stem for f in files] == [profile_key(first, [first.weights], True, 1, False)[0]]
 
     again = cpu_profile(restart, [restart.weights], True, 1, False, tmp_path, **LOOSE)
     assert len(calls) == 1  # nothing measured
     assert again.to_dict() == prof.to_dict() and again.cost.step(9, 1, 1) == prof.cost.step(9, 1, 1)
-    head = restart.weights.lm_head  # routed as kept, in the kept layout
-    assert (head.upto if isinstance(head, ColumnHead) else 0) == prof.head_upto
-    assert restart.weights.layers[0].gate_up.is_mkldnn and (head.w if isinstance(head, ColumnHead) else head).is_mkldnn
+    head, gate_up = restart.weights.lm_head, restart.weights.layers[0].gate_up  # routed as kept, in the kept layout
+    assert (head.upto if isinstance(head, Columns) else 0) == prof.head_upto
+    assert [c.upto for c in routed(restart.weights)] == [prof.layers_upto] * len(routed(first.weights))
+    assert all(unrouted(w).is_mkldnn for w in (head, gate_up))
     ids = torch.arange(7)
     torch.testing.assert_close(restart.forward(ids, restart.new_cache(8)), first.forward(ids, first.new_cache(8)))
 
     other = cpu_profile(restart, [restart.weights], False, 1, False, tmp_path)  # packing not allowed: another key
-    assert len(calls) == 2 and other.layout == "dense" and not restart.weights.layers[0].gate_up.is_mkldnn
+    assert len(calls) == 2 and other.layout == "dense" and not unrouted(restart.weights.layers[0].gate_up).is_mkldnn
     assert len(list((tmp_path / "profiles").glob("*.json"))) == 2
     cpu_profile(restart, [restart.weights], False, 1, False, None)  # not kept: measured, nothing written
     assert len(calls) == 3 and len(list((tmp_path / "profiles").glob("*.json"))) == 2
@@ -145,4 +146,4 @@ def test_a_choice_its_runner_up_now_beats_is_measured_over(models, tmp_path, mon
     keep(path, key, parts, prof)
     got = recall(path, key, model, [model.weights], "auto", False)
     assert (got is not None) == kept
-    assert model.weights.layers[0].gate_up.is_mkldnn == kept  # the kept layout in place, or dense to measure over
+    assert unrouted(model.weights.layers[0].gate_up).is_mkldnn == kept  # kept in place, or dense to measure over

@@ -9,7 +9,7 @@ import torch
 from engines.api import SamplingParams
 from engines.builtin import BuiltinEngine, BuiltinHandle
 from engines.config import EngineConfig, NgramDraftConfig, TargetConfig
-from engines.layouts import ColumnHead, route_head
+from engines.layouts import Columns, route_columns
 from engines.llama import LlamaModel
 from engines.proposers import ModelDraftProposer, NgramProposer
 from engines.scheduler import Scheduler
@@ -84,16 +84,16 @@ def test_greedy_output_is_the_same_alone_with_plain_neighbours_and_with_mixed_ar
     assert sum(r.stats.accepted for r in mixed) > 0
 
 
-def test_a_head_routed_as_w_x_transposed_changes_no_greedy_output_of_any_arm():
-    """The head's route (engines/layouts.py: ColumnHead, for up to 3 rows here: a lone
-    row, a verification of two drafts) moves logits by rounding only."""
+def test_weights_routed_as_w_x_transposed_change_no_greedy_output_of_any_arm():
+    """The routes (engines/layouts.py: Columns, here the layers for up to 3 tokens, the
+    head for up to 2 rows) move logits by rounding only."""
     arms = ["ngram:4", "half:2", "plain", "half:6", "ngram:1"]
     reqs = [dataclasses.replace(req(i, p, a), fixed_gamma=True) for i, (p, a) in enumerate(zip(PROMPTS, arms))]
 
     def routed():
         eng = make_engine()
-        route_head(eng.model.weights, 3)
-        assert isinstance(eng.model.weights.lm_head, ColumnHead)
+        route_columns(eng.model.weights, 3, 2)
+        assert isinstance(eng.model.weights.lm_head, Columns)
         return eng
     for r in reqs:  # alone: one row, its verifications of 1-6 drafts on either side of the route
         assert run_together(routed(), [r])[0].token_ids == run_together(make_engine(), [r])[0].token_ids

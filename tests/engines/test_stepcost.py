@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from engines.layouts import runs_packed
-from engines.stepcost import StepCost, features, fit
+from engines.stepcost import StepCost, features, fit, leaves_columns
 
 
 def test_the_step_cost_model_is_refitted_from_steps():
@@ -21,13 +21,13 @@ def test_the_start_up_fit_recovers_the_model_and_keeps_every_price_non_negative(
     shapes = [(t, 1, int(t > 1)) for t in range(1, 10)] + [(2, 2, 0), (8, 8, 0), (16, 16, 0), (12, 4, 4),
                                                            (14, 8, 2), (24, 16, 4), (36, 5, 1)]
     x = np.array([features(*s) for s in shapes])
-    true = np.array([0.02, 0.001, 0.0005, 0.002, 0.003, 0.0])  # a, b, c, e, d, g
+    true = np.array([0.02, 0.001, 0.0005, 0.002, 0.003, 0.0, 0.0])  # a, b, c, e, d, g, h
     cost = fit(x, x @ true, lone={1: 0.03})
-    assert [cost.a, cost.b, cost.c, cost.e, cost.d, cost.g] == pytest.approx(list(true), abs=1e-9)
+    assert [cost.a, cost.b, cost.c, cost.e, cost.d, cost.g, cost.h] == pytest.approx(list(true), abs=1e-9)
     assert cost.lone == {1: 0.03}
     # rows that got cheaper as they were added (noise on a busy machine): unconstrained, c would be
     # negative and every other price bent to match; here it is zero
-    cost = fit(x, x @ np.array([0.02, 0.001, -0.0004, 0.002, 0.003, 0.0]))
+    cost = fit(x, x @ np.array([0.02, 0.001, -0.0004, 0.002, 0.003, 0.0, 0.0]))
     assert cost.c == 0.0 and min(cost.a, cost.b, cost.e, cost.d) >= 0.0
 
 
@@ -36,10 +36,10 @@ def test_the_price_jumps_where_forwards_move_to_the_packed_copies():
     shapes = [(t, 1, int(t > 1)) for t in range(1, 10)] + [(2, 2, 0), (3, 2, 1), (4, 4, 0), (8, 8, 0), (16, 16, 0),
                                                            (12, 4, 4), (16, 8, 2), (28, 16, 4), (36, 5, 1),
                                                            (136, 9, 1)]
-    true = np.array([0.02, 0.0007, 0.0013, 0.001, 0.003, 0.006])  # a, b, c, e, d, g
+    true = np.array([0.02, 0.0007, 0.0013, 0.001, 0.003, 0.006, 0.0])  # a, b, c, e, d, g, h
     x = np.array([features(*s, 4) for s in shapes])
     cost = fit(x, x @ true, packed_from=4)
-    assert [cost.a, cost.b, cost.c, cost.e, cost.d, cost.g] == pytest.approx(list(true), abs=1e-9)
+    assert [cost.a, cost.b, cost.c, cost.e, cost.d, cost.g, cost.h] == pytest.approx(list(true), abs=1e-9)
     # 2 rows: the fourth token leaves the small-matrix kernels for the packed copies (g) ...
     assert cost.step(4, 2, 1) - cost.step(3, 2, 1) == pytest.approx(0.0007 + 0.006)
     # ... and from there every token costs b (and a row's first, e)
@@ -52,6 +52,25 @@ def test_the_price_jumps_where_forwards_move_to_the_packed_copies():
         for t, r, m in shapes[9:]:
             cost.observe(t, r, float(np.dot(true, features(t, r, m, 4))), m)
     assert cost.b == pytest.approx(0.0007, rel=0.01) and cost.g == pytest.approx(0.006, rel=0.01)
+
+
+def test_the_price_jumps_where_forwards_leave_the_route_as_w_x_transposed():
+    assert [leaves_columns(t, 5) for t in (1, 5, 6, 40)] == [False, False, True, True]
+    assert not leaves_columns(40, 0)  # no route: nothing to leave
+    shapes = [(t, 1, int(t > 1)) for t in range(1, 10)] + [(2, 2, 0), (4, 4, 0), (8, 8, 0), (16, 16, 0), (12, 4, 4),
+                                                           (16, 8, 2), (28, 16, 4), (36, 5, 1)]
+    true = np.array([0.012, 0.0012, 0.0013, 0.001, 0.0005, 0.0, 0.007])  # a, b, c, e, d, g, h
+    x = np.array([features(*s, None, 5) for s in shapes])
+    cost = fit(x, x @ true, columns_upto=5)
+    assert [cost.a, cost.b, cost.c, cost.e, cost.d, cost.g, cost.h] == pytest.approx(list(true), abs=1e-9)
+    # 4 rows decoding: the sixth token's forward leaves the route (h) ...
+    assert cost.step(6, 4, 1) - cost.step(5, 4, 1) == pytest.approx(0.0012 + 0.007)
+    assert cost.step(5, 4, 1) - cost.step(4, 4, 1) == pytest.approx(0.0012)
+    assert StepCost.from_dict(cost.to_dict()).step(6, 4, 1) == pytest.approx(cost.step(6, 4, 1))
+    for _ in range(60):  # refitted from steps on the same route: the jump is kept
+        for t, r, m in shapes[9:]:
+            cost.observe(t, r, float(np.dot(true, features(t, r, m, None, 5))), m)
+    assert cost.b == pytest.approx(0.0012, rel=0.01) and cost.h == pytest.approx(0.007, rel=0.01)
 
 
 def test_the_jump_beyond_one_token_is_fitted_and_kept_when_not_observable():
