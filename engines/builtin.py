@@ -200,7 +200,7 @@ class BuiltinEngine:
         if t.device == "cpu":
             weights = [target.model.weights] + drafts.weights
             prof = cpu_profile(target.model, weights, t.pack_weights if may_pack(t) else False, t.threads,
-                               t.bf16_matmuls, cache_dir if t.profile_cache else None)
+                               t.bf16_matmuls, cache_dir if t.profile_cache else None, routes=t.matmul_routes)
         else:
             if t.threads:
                 torch.set_num_threads(t.threads)

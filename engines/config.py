@@ -36,11 +36,16 @@ class TargetConfig(_Strict):
     that wins on one CPU loses 1.4-1.6x on another); with dense weights, also keep one MKL-packed
     copy of the weights (in memory beside them) for forwards from the row count where it wins
     (engines/layouts.py). False: plain dense weights only."""
+    matmul_routes: bool = True
+    """On CPU, time the target's matmuls of a few rows as W @ xᵀ at start-up (MKL streams the weights
+    faster than oneDNN's few-row kernels: on an AMD EPYC a decode step 0.72x) and run them so up to the
+    rows where that wins (engines/layouts.py: Columns). Keeps a dense copy beside weights laid out
+    otherwise: the layers once more in memory (0.42 GB for SmolLM2 in float32). False: never."""
     profile_cache: bool = True
     """On CPU, keep the start-up profile (the layout and threads chosen, the forwards' prices) in
     cache_dir under a key of this machine (CPU model, family, stepping and flags; usable cores; torch's
     version), the models' shapes and dtype and the layout options, so that a restart with the same key
-    skips measuring (~10 s on 2 cores for SmolLM2) (engines/profile_cache.py). The step-cost model keeps learning from
+    skips measuring (~16 s on 2 cores for SmolLM2) (engines/profile_cache.py). The step-cost model keeps learning from
     every step either way. False: measure at every start."""
     bf16_matmuls: bool | Literal["auto"] = False
     """On CPU in float32, run the matmuls alone in bfloat16 (weights and their inputs rounded to it,

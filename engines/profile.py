@@ -11,7 +11,7 @@ a copy of the weights MKL packed (engines/layouts.py), from how many tokens
 it wins, and keep it from there. Time the target's forwards with its layers'
 matmuls as laid out and as W @ xᵀ (engines/layouts.py: Columns) for 1 to 8
 tokens, then its head alone both ways for 1 to 32 rows, and run each as W @ xᵀ
-up to the rows where that stops winning. Then time
+up to the rows where that stops winning by 3%. Then time
 forwards of a few batch shapes to fit the step-cost model the verification
 budget uses (engines/budget.py); the scheduler keeps
 refitting it from every step it runs.
@@ -79,11 +79,11 @@ class Profile:
         packs = n and (f"from {n} tokens ({n}: {self.pack_s[n][1] * 1e3:.1f} against {self.pack_s[n][0] * 1e3:.1f} ms "
                        f"dense; {LONE_TOKENS}: {self.pack_s[LONE_TOKENS][1] * 1e3:.1f} against "
                        f"{self.pack_s[LONE_TOKENS][0] * 1e3:.1f})")
+        # nothing timed (others empty): not a CPU
         layouts = (f" (a decode step, a lone row feeding {LONE_TOKENS} tokens and 16 rows decoding: {others}); "
                    f"MKL-packed copies: {packs or 'none'}; as W @ xᵀ: the layers "
                    f"{self._route(self.layers_upto, self.layers_s, 'tokens')}, the head "
                    f"{self._route(self.head_upto, self.head_s, 'rows')}") if others else ""
-        # none timed: not a CPU
         return (f"{self.threads} threads, {LAYOUT_NAMES[self.layout]} weights{layouts}; "
                 f"step cost {self.cost.a * 1e3:.1f} ms + "
                 f"{self.cost.b * 1e3:.2f} ms/matmul row + {self.cost.e * 1e3:.2f} ms/row feeding several + "
@@ -226,10 +226,11 @@ def layouts_to_try(pack: bool | str, bf16: bool | str) -> list[str]:
 
 
 def choose_layout(model: LlamaModel, weights: list[LlamaWeights], pack: bool | str, threads: int | None,
-                  bf16: bool | str = False) -> Profile:
+                  bf16: bool | str = False, routes: bool = True) -> Profile:
     """Try the layouts allowed (layouts_to_try) and thread counts on the PROBE
     forwards; leave the fastest in place. `weights`: every weight set to lay out
-    alike (the target's, and drafts with their own)."""
+    alike (the target's, and drafts with their own). `routes`: also time the
+    target's matmuls as W @ xᵀ and route them where faster."""
     cores = torch.get_num_threads()
     thread_options = [threads] if threads else sorted({cores, max(1, cores - 1)}, reverse=True)
     if bf16 == "auto" and not can_run_bf16(model.dtype):
@@ -248,8 +249,9 @@ def choose_layout(model: LlamaModel, weights: list[LlamaWeights], pack: bool | s
     prof = Profile(best_threads, best_layout, {combination_name(n, p): s for (n, p), s in timings.items()})
     if best_layout == "dense" and pack == "auto" and can_pack_rows(model.dtype):
         prof.packed_from, prof.pack_s = choose_packed_from(model, weights)
-    prof.layers_upto, prof.layers_s = choose_layer_route(model)
-    prof.head_upto, prof.head_s = choose_head(model)
+    if routes:
+        prof.layers_upto, prof.layers_s = choose_layer_route(model)
+        prof.head_upto, prof.head_s = choose_head(model)
     prof.cost = fit_cost(model, prof.packed_from, prof.layers_upto)
     return prof
 
@@ -257,9 +259,9 @@ def choose_layout(model: LlamaModel, weights: list[LlamaWeights], pack: bool | s
 def choose_layer_route(model: LlamaModel, rounds: int = 3) -> tuple[int, dict[int, tuple[float, float]]]:
     """Time lone forwards of LAYER_TRIALS tokens with the target's layer matmuls as
     laid out and as W @ xᵀ (alternated round by round, each kept at its fastest),
-    and leave them running as W @ xᵀ up to the most tokens below which that won at
-    every size timed (0: never, and the dense copies dropped). Drafts sharing the
-    target's weights share the route."""
+    and leave them running as W @ xᵀ up to the most tokens below which that won by
+    ROUTE_MARGIN at every size timed (0: never, the dense copies dropped). Drafts
+    sharing the target's weights share the route."""
     w = model.weights
     route_columns(w, LAYER_TRIALS[-1], 0)
     best: list[dict[int, float]] = [{}, {}]  # as laid out, as W @ xᵀ
@@ -278,8 +280,8 @@ def choose_layer_route(model: LlamaModel, rounds: int = 3) -> tuple[int, dict[in
 def choose_head(model: LlamaModel, rounds: int = 8) -> tuple[int, dict[int, tuple[float, float]]]:
     """Time the target's head for HEAD_TRIALS rows as laid out and as W @ xᵀ
     (alternated round by round, each kept at its fastest), and leave it running
-    as W @ xᵀ up to the most rows below which that won at every size timed (0:
-    never). Drafts sharing the target's weights share its head."""
+    as W @ xᵀ up to the most rows below which that won by ROUTE_MARGIN at every
+    size timed (0: never). Drafts sharing the target's weights share its head."""
     w = model.weights
     layers = max((c.upto for c in routed(w)), default=0)
     route_columns(w, layers, HEAD_TRIALS[-1])

@@ -1,7 +1,7 @@
 """The start-up profile, kept per machine so that a restart need not measure again.
 
 A CPU profile (engines/profile.py: the layout and thread count this machine
-runs fastest, and what its forwards cost) takes ~10 s on 2 cores for SmolLM2,
+runs fastest, and what its forwards cost) takes ~16 s on 2 cores for SmolLM2,
 more for larger models. It depends on the CPU (its model, family, stepping and
 flags: machines lscpu names alike have differed 3x), the cores this process
 may use, torch's build, the models' shapes and dtype and what the config lets
@@ -58,32 +58,33 @@ def cpu_identity() -> dict:
 
 
 def profile_key(model: LlamaModel, weights: list[LlamaWeights], pack: bool | str, threads: int | None,
-                bf16: bool | str) -> tuple[str, dict]:
+                bf16: bool | str, routes: bool = True) -> tuple[str, dict]:
     """The key a profile is kept under (a digest) and what it digests."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     parts = {
         "cpu": cpu_identity(), "cores": cores, "torch": torch.__version__, "model": repr(model.cfg),
         "dtype": str(model.dtype), "weights": [[len(w.layers), list(w.embed.shape)] for w in weights],
-        "pack": pack, "threads": threads, "bf16": bf16,
+        "pack": pack, "threads": threads, "bf16": bf16, "routes": routes,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20], parts
 
 
 def cpu_profile(model: LlamaModel, weights: list[LlamaWeights], pack: bool | str, threads: int | None,
-                bf16: bool | str, cache_dir: Path | None, drift: float = DRIFT, rival: float = RIVAL) -> Profile:
+                bf16: bool | str, cache_dir: Path | None, drift: float = DRIFT, rival: float = RIVAL,
+                routes: bool = True) -> Profile:
     """The profile kept for this machine and these models, its choices put in place,
     if `cache_dir` has one that applies; else measured (choose_layout) and kept
     there. `cache_dir` None: measured, not kept."""
     if cache_dir is None:
-        return choose_layout(model, weights, pack, threads, bf16)
-    key, parts = profile_key(model, weights, pack, threads, bf16)
+        return choose_layout(model, weights, pack, threads, bf16, routes)
+    key, parts = profile_key(model, weights, pack, threads, bf16, routes)
     path = cache_dir / "profiles" / f"{key}.json"
     if path.exists():
         prof = recall(path, key, model, weights, pack, bf16, drift, rival)
         if prof is not None:
             return prof
-    log.info("measuring this machine for the start-up profile (~10 s on 2 cores for SmolLM2; kept in %s)", path)
-    prof = choose_layout(model, weights, pack, threads, bf16)
+    log.info("measuring this machine for the start-up profile (~16 s on 2 cores for SmolLM2; kept in %s)", path)
+    prof = choose_layout(model, weights, pack, threads, bf16, routes)
     keep(path, key, parts, prof)
     return prof
 

@@ -190,6 +190,10 @@ def test_the_profile_leaves_the_layout_it_chose_in_place_for_every_weight_set():
         assert prof.cost.a > 0 and sorted(prof.cost.lone) == list(range(1, 10))
         prof = choose_layout(target, [target.weights, other.weights], False, 1, bf16=False)
         assert prof.layout == "dense" and not isinstance(unrouted(other.weights.layers[0].gate_up), Bf16)
+        assert not routed(other.weights)  # the routes are the target's alone
+        prof = choose_layout(target, [target.weights], False, 1, routes=False)  # target.matmul_routes: false
+        assert prof.layers_upto == prof.head_upto == 0 and not routed(target.weights)
+        assert not isinstance(target.weights.lm_head, Columns) and prof.cost.columns_upto == 0
         assert set(LAYOUTS) >= {prof.layout}
     finally:
         torch.set_num_threads(threads)

@@ -49,6 +49,7 @@ def test_a_restart_takes_the_kept_profile_with_its_layout_and_a_new_key_measures
     assert len(calls) == 1 and prof.layout == "packed" and unrouted(first.weights.layers[0].gate_up).is_mkldnn
     files = list((tmp_path / "profiles").glob("*.json"))
     assert [f.stem for f in files] == [profile_key(first, [first.weights], True, 1, False)[0]]
+    assert profile_key(first, [first.weights], True, 1, False, routes=False)[0] != files[0].stem
 
     again = cpu_profile(restart, [restart.weights], True, 1, False, tmp_path, **LOOSE)
     assert len(calls) == 1  # nothing measured

@@ -1,0 +1,77 @@
+"""The matmul kernels a forward of a few rows can run, timed as a forward reads
+them: SmolLM2's 30 layers' weights (qkv, o, gate_up, down; random values, the
+real shapes) cycled in order, so each is read from memory as in a decode step
+(one weight timed over and over stays in cache, where the kernels rank
+otherwise). Per row count: oneDNN-packed weights (x @ Wᵀ), dense BLAS x @ Wᵀ
+(F.linear) and W @ xᵀ (a lone row fed as two: engines/layouts.py, Columns),
+alternated, each its fastest of `--rounds`.
+
+    .venv/bin/python bench/matmuls.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # SmolLM2-135M: qkv, o, gate_up, down [out, in]
+KINDS = ("oneDNN x @ Wᵀ", "BLAS x @ Wᵀ", "W @ xᵀ")
+
+
+def run(rows: tuple[int, ...], layers: int, rounds: int, threads: int) -> dict[int, dict[str, float]]:
+    """Per row count, per kernel: the fastest pass over every layer's matmuls, in seconds."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(0)
+    dense = [[torch.randn(o, i, generator=g) for o, i in SHAPES] for _ in range(layers)]
+    packed = [[w.to_mkldnn() for w in ws] for ws in dense]
+
+    def one_pass(kind: str, m: int) -> float:
+        xs = {i: torch.randn(m, i, generator=g) for i in {i for _, i in SHAPES}}
+        cols = {i: x if m > 1 else x.expand(2, -1).contiguous() for i, x in xs.items()}
+        t0 = time.perf_counter()
+        for ws, ps in zip(dense, packed):
+            for w, p in zip(ws, ps):
+                i = w.shape[1]
+                if kind == KINDS[0]:
+                    torch.ops.mkldnn._linear_pointwise(xs[i], p, None, "none", [], "")
+                elif kind == KINDS[1]:
+                    F.linear(xs[i], w)
+                else:
+                    torch.mm(w, cols[i].t())
+        return time.perf_counter() - t0
+
+    out = {}
+    for m in rows:
+        best = {k: float("inf") for k in KINDS}
+        for r in range(rounds + 1):  # the first: warm-up, untimed
+            for k in (KINDS if r % 2 == 0 else KINDS[::-1]):
+                s = one_pass(k, m)
+                if r:
+                    best[k] = min(best[k], s)
+        out[m] = best
+    return out
+
+
+def main() -> int:
+    from bench import cpu_model
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6, 8, 9, 16], help="(default: %(default)s)")
+    ap.add_argument("--layers", type=int, default=30, help="(default: %(default)s, SmolLM2's)")
+    ap.add_argument("--rounds", type=int, default=5, help="(default: %(default)s)")
+    ap.add_argument("--threads", type=int, default=2, help="(default: %(default)s)")
+    a = ap.parse_args()
+    if min(a.rows) < 1 or a.layers < 1 or a.rounds < 1 or a.threads < 1:
+        ap.error("--rows, --layers, --rounds and --threads must be positive")
+    print(f"machine: {cpu_model()}; {a.layers} layers of SmolLM2's matmuls, {a.threads} threads, ms per pass")
+    print("rows  " + "  ".join(f"{k:>14s}" for k in KINDS))
+    for m, best in run(tuple(a.rows), a.layers, a.rounds, a.threads).items():
+        print(f"{m:4d}  " + "  ".join(f"{best[k] * 1e3:14.2f}" for k in KINDS))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
