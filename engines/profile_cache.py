@@ -37,7 +37,7 @@ from engines.profile import Profile, choose_layout, combination, layouts_to_try,
 
 log = logging.getLogger(__name__)
 
-FORMAT = "specgate.profile.v2"  # v2: the head's route
+FORMAT = "specgate.profile.v2"  # v2: the routes as W @ xᵀ and the step cost's jump off them (h)
 DRIFT = 1.3  # a kept profile is taken while its probe forwards now run within this factor of its figure
 RIVAL = 1.1  # ... and while its runner-up does not now run them this much faster
 _CPU_FIELDS = ("vendor_id", "cpu family", "model", "model name", "stepping", "flags")

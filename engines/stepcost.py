@@ -32,8 +32,8 @@ class StepCost:
     MKL-packed copies (engines/layouts.py) take over from BLAS's small-matrix
     kernels; g is that switch (on the Intel Xeon, 5-9 ms). `laid out`: its tokens
     pass `columns_upto`, where the layers' matmuls leave W @ xᵀ for their layout
-    (engines/layouts.py: Columns); h is that switch (on an AMD EPYC ~7 ms, a
-    forward of 5 tokens 36 ms and of 6 tokens 43). `multi` counts rows feeding more than
+    (engines/layouts.py: Columns); h is that switch (on an AMD EPYC ~11 ms: a
+    lone forward of 5 tokens 40 ms, of 6 tokens 47). `multi` counts rows feeding more than
     one token (verifying drafts, or a prefill chunk): such a row's attention
     leaves the one-query path and masks its new positions, so its first
     verified draft costs b + e and every further one b (at
