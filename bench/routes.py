@@ -24,7 +24,7 @@ def run(rounds: int, layers: int | None, head: int | None,
     from engines.builtin import BuiltinEngine
     from engines.config import load_engine_config
     from engines.layouts import route_columns
-    from engines.profile import _fastest_steps
+    from engines.profile import fastest_steps
 
     engine = BuiltinEngine.from_config(load_engine_config(config), start_worker=False)
     model, prof = engine.model, engine.profile
@@ -34,7 +34,7 @@ def run(rounds: int, layers: int | None, head: int | None,
     for r in range(rounds):
         for u in (((0, 0), routes) if r % 2 == 0 else (routes, (0, 0))):
             route_columns(model.weights, *u)
-            times[u].append(_fastest_steps(model, shapes, repeats=3))
+            times[u].append(fastest_steps(model, shapes, repeats=3))
     route_columns(model.weights, prof.layers_upto, prof.head_upto)
     engine.close()
     a, b = np.array(times[(0, 0)]), np.array(times[routes])  # [rounds, shapes]

@@ -151,7 +151,7 @@ def wait_for(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _fastest_steps(model: LlamaModel, shapes: list[list[tuple[int, bool]]], context: int = 64,
+def fastest_steps(model: LlamaModel, shapes: list[list[tuple[int, bool]]], context: int = 64,
                    repeats: int = 7) -> list[float]:
     """Per shape, the fastest of `repeats` forwards of its rows (one row per feed:
     tokens, logits for every position). The shapes are timed round-robin, in
@@ -188,7 +188,7 @@ def probe_s(model: LlamaModel) -> float:
     """The PROBE forwards' seconds (each its fastest of three) with the weights as they
     are laid out now: what layouts and thread counts are ranked by."""
     # three repeats, as the batch shapes below: seven added ~5 s to a ~55 s profile for the same choices
-    return sum(_fastest_steps(model, PROBE, repeats=3))
+    return sum(fastest_steps(model, PROBE, repeats=3))
 
 
 # batched shapes timed at start-up (tokens per row): decode batches, batches where some rows
@@ -206,12 +206,12 @@ def fit_cost(model: LlamaModel, packed_from: int | None = None, columns_upto: in
     import numpy as np
 
     counts = list(range(1, LONE_TOKENS + 1))
-    lone = dict(zip(counts, _fastest_steps(model, [[(t, t > 1)] for t in counts], repeats=5)))
+    lone = dict(zip(counts, fastest_steps(model, [[(t, t > 1)] for t in counts], repeats=5)))
     x = [features(t, 1, int(t > 1), packed_from, columns_upto) for t in lone]
     y = list(lone.values())
     # a verifying row wants logits for every position; a prefill chunk (a feed longer than any
     # verification) only for its last
-    y += _fastest_steps(model, [[(n, 1 < n <= LONE_TOKENS) for n in shape] for shape in SHAPES], repeats=3)
+    y += fastest_steps(model, [[(n, 1 < n <= LONE_TOKENS) for n in shape] for shape in SHAPES], repeats=3)
     x += [features(sum(shape), len(shape), sum(n > 1 for n in shape), packed_from, columns_upto) for shape in SHAPES]
     return fit(np.array(x), np.array(y), lone, packed_from, columns_upto)
 
@@ -269,7 +269,7 @@ def choose_layer_route(model: LlamaModel, rounds: int = 3) -> tuple[int, dict[in
         column = r % 2
         for c in routed(w):
             c.upto = LAYER_TRIALS[-1] if column else 0
-        for n, t in zip(LAYER_TRIALS, _fastest_steps(model, [[(n, n > 1)] for n in LAYER_TRIALS], repeats=1)):
+        for n, t in zip(LAYER_TRIALS, fastest_steps(model, [[(n, n > 1)] for n in LAYER_TRIALS], repeats=1)):
             best[column][n] = min(best[column].get(n, math.inf), t)
     times = {n: (best[0][n], best[1][n]) for n in LAYER_TRIALS}
     upto = upto_where_faster(times)
@@ -331,7 +331,7 @@ def choose_packed_from(model: LlamaModel, weights: list[LlamaWeights]) -> tuple[
             for w in weights:
                 route_rows(w, 1 if packed else None)
             best = packed_s if packed else dense_s
-            for n, t in zip(PACK_TRIALS, _fastest_steps(model, [[(n, True)] for n in PACK_TRIALS], repeats=3)):
+            for n, t in zip(PACK_TRIALS, fastest_steps(model, [[(n, True)] for n in PACK_TRIALS], repeats=3)):
                 best[n] = min(best.get(n, t), t)
     else:
         log.warning("MKL-packed weights disagree with dense ones: not used")
