@@ -43,13 +43,16 @@ def run(rounds: int, layers: int | None, head: int | None,
     return out, f"routed here: the layers up to {routes[0]} tokens, the head up to {routes[1]} rows; " + prof.describe()
 
 
-def interval(ratios: list[float], b: int = 2000, seed: int = 0) -> tuple[float, float]:
+def interval(ratios: list[float], b: int = 2000, seed: int = 0) -> list[float]:
+    """[median, low, high]: the rounds' median ratio and a 95% bootstrap interval of it."""
     import numpy as np
+
+    from bench.specbench.intervals import percentile_interval
 
     rng = np.random.default_rng(seed)
     x = np.asarray(ratios)
     meds = np.median(x[rng.integers(0, len(x), (b, len(x)))], axis=1)
-    return float(np.quantile(meds, 0.025)), float(np.quantile(meds, 0.975))
+    return percentile_interval(float(np.median(x)), meds.tolist())
 
 
 def main() -> int:
@@ -68,8 +71,7 @@ def main() -> int:
     res, profile = run(a.rounds, a.layers, a.head, a.config)
     print(f"machine: {cpu_model()}; start-up profile: {profile}")
     for name, (plain_ms, routed_ms, ratios) in res.items():
-        lo, hi = interval(ratios)
-        med = sorted(ratios)[len(ratios) // 2]
+        med, lo, hi = interval(ratios)
         print(f"{name:22s} as laid out {plain_ms:6.1f} ms  routed {routed_ms:6.1f} ms  "
               f"ratio {med:.3f} [{lo:.3f}, {hi:.3f}]")
     return 0
