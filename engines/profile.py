@@ -264,14 +264,12 @@ def choose_layer_route(model: LlamaModel, rounds: int = 3) -> tuple[int, dict[in
     sharing the target's weights share the route."""
     w = model.weights
     route_columns(w, LAYER_TRIALS[-1], 0)
-    best: list[dict[int, float]] = [{}, {}]  # as laid out, as W @ xᵀ
-    for r in range(2 * rounds):
-        column = r % 2
+
+    def switch(column: bool) -> None:
         for c in routed(w):
             c.upto = LAYER_TRIALS[-1] if column else 0
-        for n, t in zip(LAYER_TRIALS, fastest_steps(model, [[(n, n > 1)] for n in LAYER_TRIALS], repeats=1)):
-            best[column][n] = min(best[column].get(n, math.inf), t)
-    times = {n: (best[0][n], best[1][n]) for n in LAYER_TRIALS}
+    laid, columns = _alternated(model, {n: [(n, n > 1)] for n in LAYER_TRIALS}, switch, rounds, repeats=1)
+    times = {n: (laid[n], columns[n]) for n in LAYER_TRIALS}
     upto = upto_where_faster(times)
     route_columns(w, upto, 0)
     return upto, times
@@ -314,6 +312,20 @@ def upto_where_faster(times: dict[int, tuple[float, float]], margin: float = ROU
     return upto
 
 
+def _alternated(model: LlamaModel, feeds: dict[int, list[tuple[int, bool]]], switch, rounds: int,
+                repeats: int) -> tuple[dict[int, float], dict[int, float]]:
+    """Each feed's lone forward (its fastest_steps) in two modes, `switch(False)` and
+    `switch(True)` alternated round by round for `rounds` each, each kept at its
+    fastest: a machine drifting meanwhile moves both alike."""
+    best: tuple[dict[int, float], dict[int, float]] = ({}, {})
+    for r in range(2 * rounds):
+        on = r % 2 == 1
+        switch(on)
+        for n, t in zip(feeds, fastest_steps(model, list(feeds.values()), repeats=repeats)):
+            best[on][n] = min(best[on].get(n, t), t)
+    return best
+
+
 def choose_packed_from(model: LlamaModel, weights: list[LlamaWeights]) -> tuple[int | None, dict]:
     """Pack every weight once for MKL, time lone forwards of PACK_TRIALS tokens
     dense and packed (alternated, each kept at its fastest: drift moves both
@@ -326,13 +338,10 @@ def choose_packed_from(model: LlamaModel, weights: list[LlamaWeights]) -> tuple[
     dense_s: dict[int, float] = {}
     packed_s: dict[int, float] = {}
     if all(packs_agree(w) for w in weights):
-        for r in range(4):
-            packed = r % 2 == 1
+        def switch(packed: bool) -> None:
             for w in weights:
                 route_rows(w, 1 if packed else None)
-            best = packed_s if packed else dense_s
-            for n, t in zip(PACK_TRIALS, fastest_steps(model, [[(n, True)] for n in PACK_TRIALS], repeats=3)):
-                best[n] = min(best.get(n, t), t)
+        dense_s, packed_s = _alternated(model, {n: [(n, True)] for n in PACK_TRIALS}, switch, rounds=2, repeats=3)
     else:
         log.warning("MKL-packed weights disagree with dense ones: not used")
     won = [n for n in PACK_TRIALS if all(dense_s[k] > packed_s[k] for k in PACK_TRIALS if k >= n)] if packed_s else []
