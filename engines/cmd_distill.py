@@ -32,6 +32,10 @@ def add_arguments(p) -> None:
     p.add_argument("--prompts", type=int, default=d.prompts,
                    help="prompts answered: the dev split's and the templates once, then templates again "
                         "(sampled answers differ); 0 = each once (default: %(default)s)")
+    p.add_argument("--self-prompts", type=int, default=d.self_prompts,
+                   help="then this many user turns the target writes itself (its chat template with the user turn "
+                        "left open, T=1); those that end within 64 tokens and read as a request are answered "
+                        "(default: %(default)s)")
     p.add_argument("--context-prompts", type=int, default=d.context_prompts,
                    help="then this many requests about passages of those answers: summaries, questions on the "
                         "passage, extraction, rewriting (default: %(default)s)")
@@ -53,7 +57,8 @@ def main(args) -> int:
 
     for flag, value, zero_ok in (("--steps", args.steps, False), ("--batch", args.batch, False),
                                  ("--gen-batch", args.gen_batch, False), ("--train-minutes", args.train_minutes, False),
-                                 ("--context-prompts", args.context_prompts, True)):
+                                 ("--context-prompts", args.context_prompts, True),
+                                 ("--self-prompts", args.self_prompts, True)):
         if value is not None and (value < 0 if zero_ok else value <= 0):
             print(f"error: {flag} must be {'0 or more' if zero_ok else 'positive'}, got {value}", file=sys.stderr)
             return 2
@@ -70,6 +75,7 @@ def main(args) -> int:
     out = Path(args.out) if args.out else (SHIPPED if t.path is None else Path("eagle-draft"))
     work = Path(args.work_dir) if args.work_dir else cache / "distill" / Path(target.source).name
     s = Settings(Path(args.data), out, work, prompts=args.prompts, context_prompts=args.context_prompts,
+                 self_prompts=args.self_prompts,
                  held_out=args.held_out, max_new=args.max_new,
                  vocab=args.vocab, steps=args.steps, batch=args.batch, gen_batch=args.gen_batch,
                  train_minutes=args.train_minutes, seed=args.seed)

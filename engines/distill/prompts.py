@@ -1,13 +1,15 @@
 """Prompts the target answers to make its draft's training data.
 
-Three sources, all offline: the Spec-Bench dev split minus the prompts the
+Four sources, all offline: the Spec-Bench dev split minus the prompts the
 benchmarks use (the first `held_out` of each category stay unseen, and are the
 validation split); prompts written here from templates across the kinds of
 requests the product serves (writing, role play, explanation, questions,
 reasoning, arithmetic, code, translation, extraction); and requests about a
 passage (summaries, questions on it, extraction, rewriting), whose passages are
 the target's own earlier answers, so that a draft sees answers that read and
-quote a long prompt. Deterministic for a seed.
+quote a long prompt; and requests the target writes itself when its chat
+template's user turn is left open (as Magpie does), far more varied than
+templates. Deterministic for a seed.
 """
 
 from __future__ import annotations
@@ -138,6 +140,20 @@ def context_prompts(rng: random.Random, texts: list[str], n: int) -> list[tuple[
             order = rng.sample(texts, len(texts))
         cat, task = rng.choice(CONTEXT_TASKS)
         out.append((cat, task.format(text=order.pop())))
+    return out
+
+
+def written_requests(turns: list[tuple[str, bool]], min_words: int = 4) -> list[str]:
+    """The user turns the target wrote, (text, ended) each, that make requests:
+    ended within their token limit (a cut one is half a request), at least
+    `min_words` words, each once, in order."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for text, ended in turns:
+        text = text.strip()
+        if ended and len(text.split()) >= min_words and text not in seen:
+            seen.add(text)
+            out.append(text)
     return out
 
 

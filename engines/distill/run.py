@@ -4,7 +4,8 @@ result is named by a key of everything that made it (the target, the prompts,
 the flags that shape it): a run with other settings makes its own instead of
 reusing one made otherwise.
 
-    1. prompts      the dev split minus the benchmarks' prompts, and the templates
+    1. prompts      the dev split minus the benchmarks' prompts, the templates, and
+                    (optionally) requests the target writes itself
     2. data         the target answers them (greedy and sampled) and keeps its states;
                     then, optionally, requests about its own answers (summaries,
                     questions on a passage, rewriting), answered the same way
@@ -40,6 +41,7 @@ class Settings:
     work: Path
     prompts: int = 1400  # the dev split's and the templates once, then templates again (0: every prompt once)
     context_prompts: int = 0  # requests about passages of the first answers (prompts.context_prompts)
+    self_prompts: int = 0  # user turns the target is asked to write (self_prompt_set); those kept are answered
     held_out: int = 3
     max_new: int = 192
     gen_batch: int = 64
@@ -60,21 +62,45 @@ def log(msg: str) -> None:
 
 
 def encode(tokenizer, text: str, limit: int = 1536) -> list[int]:
-    from engines.api import ChatMessage
-    from engines.text import render_chat
-
-    ids = tokenizer(render_chat(tokenizer, (ChatMessage("user", text),)), add_special_tokens=False)["input_ids"]
+    ids = tokenizer(render_chat_text(tokenizer, text), add_special_tokens=False)["input_ids"]
     return ids[-limit:]  # a long document keeps its end, where the instruction is
 
 
-def prompt_set(s: Settings, tokenizer) -> tuple[list, list, dict]:
+SELF_PROMPT_TOKENS = 64  # a user turn the target writes is kept only if it ends within these
+
+
+def self_prompt_set(s: Settings, target: LoadedModel, key: str) -> tuple[list[str], int]:
+    """Requests the target writes itself: its chat template up to an open user
+    turn, sampled at T=1 (Magpie), kept where the turn ends and reads as a
+    request (prompts.written_requests). Returns (kept texts, turns written)."""
+    tok = target.tokenizer
+    marker = "<<request>>"
+    opened = render_chat_text(tok, marker)
+    prefix = tok(opened[: opened.index(marker)], add_special_tokens=False)["input_ids"]
+    items = [("self", prefix, 1.0)] * s.self_prompts
+    turns = generated(s, target, "self-prompts", items, SELF_PROMPT_TOKENS, s.seed + 3, key)
+    eos = _eos(target)
+    ended = [x.answer_len > 0 and int(x.tokens[-1]) in eos for x in turns]
+    written = [(tok.decode(x.tokens[x.prompt_len: len(x.tokens) - e].tolist(), skip_special_tokens=True), e)
+               for x, e in zip(turns, ended)]
+    return prompts.written_requests(written), len(turns)
+
+
+def render_chat_text(tokenizer, text: str) -> str:
+    from engines.api import ChatMessage
+    from engines.text import render_chat
+
+    return render_chat(tokenizer, (ChatMessage("user", text),))
+
+
+def prompt_set(s: Settings, tokenizer, written: list[str] = ()) -> tuple[list, list, dict]:
     rng = random.Random(s.seed)
     train_dev, valid_dev = prompts.dev_split(s.data_path, s.held_out)
     templates = prompts.template_prompts(rng)
     pool = train_dev + templates
     while len(pool) < s.prompts:  # sampled answers differ: a prompt may be answered twice
         pool += [p for p in templates]
-    pool = pool[: s.prompts or len(pool)]
+    pool = pool[: s.prompts or len(pool)] + [("self", t) for t in written]
     rng.shuffle(pool)
     temps = s.temperatures
     sampled = [t for t in temps if t > 0] or list(temps)  # all greedy: repeats stay greedy
@@ -88,7 +114,9 @@ def prompt_set(s: Settings, tokenizer) -> tuple[list, list, dict]:
     train_prompts = [(c, encode(tokenizer, t), temperature(i, (c, t))) for i, (c, t) in enumerate(pool)]
     valid_prompts = [(c, encode(tokenizer, t), 0.0) for c, t in valid_dev]
     dev = set(train_dev)
-    info = dict(dev_prompts=sum(1 for p in pool if p in dev), template_prompts=sum(1 for p in pool if p not in dev),
+    info = dict(dev_prompts=sum(1 for p in pool if p in dev),
+                template_prompts=sum(1 for p in pool if p not in dev and p[0] != "self"),
+                self_prompts=len(written),
                 held_out_per_category=s.held_out, validation_prompts=len(valid_prompts),
                 temperatures=list(temps), max_new_tokens=s.max_new)
     return train_prompts, valid_prompts, info
@@ -191,7 +219,8 @@ def validate(head: EagleHead, valid: list, target: LoadedModel, s: Settings, art
 
 def command(s: Settings, device: str) -> str:
     """The `specgate distill` command line that makes this draft again."""
-    flags = {"--prompts": "prompts", "--context-prompts": "context_prompts", "--max-new": "max_new",
+    flags = {"--prompts": "prompts", "--self-prompts": "self_prompts", "--context-prompts": "context_prompts",
+             "--max-new": "max_new",
              "--vocab": "vocab", "--held-out": "held_out",
              "--steps": "steps", "--batch": "batch", "--gen-batch": "gen_batch", "--train-minutes": "train_minutes",
              "--seed": "seed"}
@@ -208,8 +237,14 @@ def run(s: Settings, target: LoadedModel) -> dict:
     torch.manual_seed(s.seed)
     print_ = fingerprint(target)
     log(f"target {target.source}: {print_}")
-    train_prompts, valid_prompts, info = prompt_set(s, target.tokenizer)
-    log(f"{len(train_prompts)} training prompts ({info['dev_prompts']} from the dev split), "
+    written, asked = self_prompt_set(s, target, print_) if s.self_prompts else ([], 0)
+    if asked:
+        log(f"the target wrote {asked} user turns: {len(written)} kept as requests")
+    train_prompts, valid_prompts, info = prompt_set(s, target.tokenizer, written)
+    if asked:
+        info["self_prompts_written"] = asked
+    log(f"{len(train_prompts)} training prompts ({info['dev_prompts']} from the dev split, "
+        f"{len(written)} written by the target), "
         f"{len(valid_prompts)} held out for validation")
     samples = generated(s, target, "train", train_prompts, s.max_new, s.seed, print_)
     if s.context_prompts:

@@ -4,6 +4,7 @@ sampled distribution), its artifact is refused for another target,
 distillation learns (the loss falls on the target's own data), and its kept
 stages are reused only by a run that would make them the same."""
 
+import json
 import random
 from dataclasses import replace
 
@@ -14,8 +15,8 @@ from engines.api import SamplingParams
 from engines.builtin import BuiltinEngine
 from engines.distill.data import generate, generate_padded, load_samples, save_samples
 from engines.distill.model import EagleHead
-from engines.distill.prompts import CONTEXT_TASKS, context_prompts
-from engines.distill.run import Settings, generated
+from engines.distill.prompts import CONTEXT_TASKS, context_prompts, written_requests
+from engines.distill.run import Settings, encode, generated, prompt_set, self_prompt_set
 from engines.distill.train import agreement, train
 from engines.loading import fingerprint
 from engines.proposers.eagle import EagleDraft, EagleProposer, load_draft, save_draft
@@ -192,3 +193,31 @@ def test_a_kept_stage_is_reused_only_by_a_run_with_the_same_settings(tmp_path):
     generated(s, target, "train", items, 8, 0, "target-a")
     generated(s, target, "train", items, 6, 0, "target-b")
     assert len(list(tmp_path.glob("train-*.safetensors"))) == 4 and path.stat().st_mtime_ns == made
+
+
+def test_requests_the_target_writes_are_kept_where_its_turn_ends(tmp_path):
+    """--self-prompts: the target continues its chat template's open user turn; a
+    turn is kept as a request only if it ended (EOS) within its limit and has four
+    words or more, each text once; the kept ones join the training prompts."""
+    assert written_requests([("Write a poem about cats", True), ("a request cut off at its", False),
+                             ("hi there", True), ("Write a poem about cats", True),
+                             ("  Explain the tides to me ", True)]) == ["Write a poem about cats",
+                                                                        "Explain the tides to me"]
+    target = tiny_loaded()
+    s = Settings(data_path=tmp_path / "dev.jsonl", out=tmp_path / "out", work=tmp_path, gen_batch=4,
+                 feature_layers=LAYERS, self_prompts=12)
+    kept, asked = self_prompt_set(s, target, "target-a")
+    (path,) = tmp_path.glob("self-prompts-*.safetensors")
+    turns = load_samples(path)
+    assert asked == 12 and len(turns) == 12
+    prefix = turns[0].tokens[: turns[0].prompt_len].tolist()
+    assert all(x.tokens[: x.prompt_len].tolist() == prefix for x in turns)  # one open turn, sampled 12 ways
+    request = encode(target.tokenizer, "the cat sat")  # a request's tokens begin with the open turn
+    assert request[: len(prefix)] == prefix and len(request) > len(prefix)
+    ended = [target.tokenizer.decode(x.tokens[x.prompt_len:-1].tolist(), skip_special_tokens=True) for x in turns
+             if int(x.tokens[-1]) == 1]
+    assert kept and kept == written_requests([(t, True) for t in ended])
+    s.data_path.write_text("".join(json.dumps({"category": "qa", "turns": [f"question {i}?"]}) + "\n"
+                                   for i in range(5)))
+    train_prompts, _, info = prompt_set(s, target.tokenizer, kept)
+    assert info["self_prompts"] == len(kept) and sum(1 for c, _, _ in train_prompts if c == "self") == len(kept)
