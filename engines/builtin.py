@@ -201,6 +201,7 @@ class BuiltinEngine:
             weights = [target.model.weights] + drafts.weights
             prof = cpu_profile(target.model, weights, t.pack_weights if may_pack(t) else False, t.threads,
                                t.bf16_matmuls, cache_dir if t.profile_cache else None, routes=t.matmul_routes)
+            drafts.route_columns(prof.layers_upto, prof.head_upto)
         else:
             if t.threads:
                 torch.set_num_threads(t.threads)

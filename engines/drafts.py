@@ -22,6 +22,7 @@ from engines.config import (
     NgramDraftConfig,
     TargetConfig,
 )
+from engines.layouts import route_columns
 from engines.llama import LlamaModel, LlamaWeights
 from engines.loading import LoadedModel, check_tokenizers_match, fingerprint, load_model
 from engines.proposers import (
@@ -45,6 +46,16 @@ class Drafts:
     factories: dict[str, ProposerFactory]
     weights: list[LlamaWeights] = field(default_factory=list)  # laid out like the target's (CPU packing)
     eagles: list[EagleDraft] = field(default_factory=list)
+
+    def route_columns(self, layers: int, head: int) -> None:
+        """Route the drafts' own matmuls as the start-up profile routed the target's
+        (layouts.route_columns): the same kernels, on weights as cold in cache
+        between two target forwards. Drafts sharing the target's weights are
+        routed with them."""
+        for w in self.weights:
+            route_columns(w, layers, head)
+        for e in self.eagles:
+            e.route_inputs(layers)
 
 
 def _hybrid(d: HybridDraftConfig, lookup: NgramDraftConfig, model: ProposerFactory, device: str) -> ProposerFactory:

@@ -40,7 +40,9 @@ W @ xᵀ (the row fed as two: a lone column takes BLAS's slower matrix-vector
 path) against oneDNN's 20.8, 2 rows 12.3 against 21.7, 5 rows 24.1 against
 26.5; from 6 rows oneDNN is faster. The copy costs memory: the layers once more
 where the layout is not dense (a dense layout, and a head tied to the
-embedding, use the weight itself).
+embedding, use the weight itself). Drafts with weights of their own take the
+target's bounds (Drafts.route_columns): the same kernels, on weights as cold in
+cache between two target forwards.
 
 A row's result does not depend on the layout beyond float rounding (the same
 kind of difference as between BLAS kernels for different row counts).
@@ -117,8 +119,8 @@ def route_columns(weights: LlamaWeights, layers: int, head: int) -> None:
     weights out again (LAYOUTS, pack_rows: to_dense first) drops the routes."""
     for lw in weights.layers:
         for name in MATMULS:
-            setattr(lw, name, _routed(getattr(lw, name), layers))
-    weights.lm_head = _routed(weights.lm_head, head, tied=weights.embed)
+            setattr(lw, name, route_matmul(getattr(lw, name), layers))
+    weights.lm_head = route_matmul(weights.lm_head, head, tied=weights.embed)
 
 
 def routed(weights: LlamaWeights) -> list[Columns]:
@@ -126,7 +128,9 @@ def routed(weights: LlamaWeights) -> list[Columns]:
     return [w for lw in weights.layers for w in (getattr(lw, n) for n in MATMULS) if isinstance(w, Columns)]
 
 
-def _routed(w, upto: int, tied: torch.Tensor | None = None):
+def route_matmul(w, upto: int, tied: torch.Tensor | None = None):
+    """One weight run as W @ xᵀ for forwards of up to `upto` rows (0: as laid out);
+    `tied`: the tensor a dense copy may be instead of a copy."""
     if isinstance(w, Columns):
         if upto:
             w.upto = upto

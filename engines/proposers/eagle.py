@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from engines.api import SamplingParams
-from engines.layouts import dense, linear
+from engines.layouts import dense, linear, route_matmul
 from engines.llama import LayerWeights, LlamaModel, LlamaWeights
 from engines.proposers.base import Proposal, ProposerBase, empty
 from engines.sampling import argmax, logits_to_probs, sample_index
@@ -52,6 +52,11 @@ class EagleDraft:
         self.norm_levels, self.reduce = t["norm_levels"], t["reduce"]
         self.feature_layers = tuple(feature_layers)  # the target layers whose states it reads
         self.vocab_size = target.cfg.vocab_size
+
+    def route_inputs(self, upto: int) -> None:
+        """Run the two matmuls before its layer (fc, reduce) as W @ xᵀ for forwards
+        of up to `upto` rows, as its layer's (Drafts.route_columns routes those)."""
+        self.fc, self.reduce = route_matmul(self.fc, upto), route_matmul(self.reduce, upto)
 
     def reduced(self, states: torch.Tensor) -> torch.Tensor:
         """The target's states [T, levels · E] -> one vector [T, E]."""

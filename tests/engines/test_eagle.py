@@ -18,6 +18,8 @@ from engines.distill.model import EagleHead
 from engines.distill.prompts import CONTEXT_TASKS, context_prompts, written_requests
 from engines.distill.run import Settings, encode, generated, prompt_set, self_prompt_set
 from engines.distill.train import agreement, train
+from engines.drafts import Drafts
+from engines.layouts import Columns
 from engines.loading import fingerprint
 from engines.proposers.eagle import EagleDraft, EagleProposer, load_draft, save_draft
 from tests import helpers
@@ -80,6 +82,29 @@ def test_greedy_output_with_the_eagle_draft_is_plain_output():
     draft = eagle_for(target, torch.arange(2, 30))  # a reduced vocabulary: the draft cannot say every token
     assert_greedy_is_plain(target, "eagle", lambda cap: EagleProposer(draft, cap),
                            [[5, 6, 7, 5, 6], [9, 3, 12, 30, 2, 2, 8], [20], [33, 34, 33, 34]], (1, 3, 6))
+
+
+def test_an_eagle_draft_routed_as_w_x_transposed_drafts_what_it_did():
+    """Drafts.route_columns: the draft's layer, head and the matmuls before its
+    layer run as W @ xᵀ for forwards of a few rows (layouts.Columns), as the
+    target's do; greedy, it drafts and accepts exactly what the unrouted draft
+    did, alone (one row) and batched (rows beyond the routes), and the output is
+    plain's."""
+    target = lean_from_hf(tiny_hf_model(seed=0, scale=4.0))
+    ids = torch.arange(2, 30)
+    before, draft = eagle_for(target, ids), eagle_for(target, ids)
+    Drafts({}, [draft.model.weights], [draft]).route_columns(3, 2)
+    w = draft.model.weights
+    assert all(isinstance(m, Columns) for m in (draft.fc, draft.reduce, w.lm_head, w.layers[0].qkv, w.layers[0].down))
+    assert not isinstance(target.weights.lm_head, Columns)  # the target's are the profile's to route
+    prompts = [[5, 6, 7, 5, 6], [9, 3, 12, 30, 2, 2, 8], [20], [33, 34, 33, 34]]
+    for batch in [[p] for p in prompts] + [prompts]:
+        reqs = [replace(token_request(i, p, "eagle:3", max_tokens=24), fixed_gamma=True) for i, p in enumerate(batch)]
+        got = run_together(engine_over(target, WORDS, eagle=lambda cap: EagleProposer(draft, cap)), reqs)
+        want = run_together(engine_over(target, WORDS, eagle=lambda cap: EagleProposer(before, cap)), reqs)
+        assert [(r.token_ids, r.stats.drafted_per_round, r.stats.accepted) for r in got] == \
+            [(r.token_ids, r.stats.drafted_per_round, r.stats.accepted) for r in want]
+    assert_greedy_is_plain(target, "eagle", lambda cap: EagleProposer(draft, cap), prompts, (1, 3))
 
 
 @pytest.mark.parametrize("sp", [
