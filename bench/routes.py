@@ -6,8 +6,8 @@ per shape the median of the routed/unrouted ratios over the rounds, with a 95%
 bootstrap interval.
 
 With --drafts, the EAGLE drafts' own routes instead (Drafts.route_columns): the
-dev split's benchmark prompts (the first 3 per category) served alone under each at γ 1
-and 3, greedy, fixed γ, with the drafts routed as the target and laid out,
+dev split's benchmark prompts (the first --per-category of each category) served
+alone under each at γ 1 and 3, greedy, fixed γ, with the drafts routed as the target and laid out,
 alternating round by round; per round the drafting seconds per drafted token
 (the requests' draft_s over their drafted tokens, their first round's reading
 of the prompt included) and the tokens per second after each request's first
