@@ -97,14 +97,16 @@ def build_drafts(config: EngineConfig, target: LoadedModel, cache_dir: Path) -> 
                                  f"`specgate distill` and give its directory as path")
             target_print = target_print or fingerprint(target)
             tensors, vocab_ids, card = load_draft(d.path or SHIPPED, target_print)
-            eagle = EagleDraft(target.model, tensors, vocab_ids, tuple(card.get("feature_layers", (-1,))), d.name)
+            eagle = EagleDraft(target.model, tensors, vocab_ids, tuple(card.get("feature_layers", (-1,))), d.name,
+                               card.get("training", {}).get("seq_len"))
             if out.eagles and out.eagles[0].feature_layers != eagle.feature_layers:
                 raise ValueError(f"draft {d.name!r} reads target layers {eagle.feature_layers}, another draft "
                                  f"{out.eagles[0].feature_layers}: one engine serves drafts reading the same layers")
             measured = {k: v["acceptance"] for k, v in card.get("validation", {}).items()
                         if isinstance(v, dict) and "acceptance" in v}
-            log.info("draft %s: %d-token head, trained %s; validation acceptance per drafted token %s", d.name,
-                     vocab_ids.numel(), card.get("created", "?"),
+            log.info("draft %s: %d-token head, trained %s on windows of %s positions (the most of a prompt it "
+                     "reads); validation acceptance per drafted token %s", d.name, vocab_ids.numel(),
+                     card.get("created", "?"), eagle.context or "any number of",
                      " ".join(f"{k} {v}" for k, v in measured.items()) or "not recorded")
             out.eagles.append(eagle)
             out.weights.append(eagle.model.weights)

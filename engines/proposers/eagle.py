@@ -7,7 +7,11 @@ computed, and a head over the tokens the target writes most
 Per request the draft keeps its layer's KV cache over the positions the target
 has processed. Before each proposal it feeds the positions the target
 committed since (their true hidden states, handed over by the scheduler), then
-drafts token by token on its own predicted states. Drafting stops early when
+drafts token by token on its own predicted states. Of a prompt longer than the
+windows the draft was trained on (`context`, its card's seq_len) it reads only
+the last `context` positions: it never learned to attend further back, and the
+target's states it reads already carry the rest (RoPE attention sees relative
+positions only, so its cache simply starts there). Drafting stops early when
 the draft's running confidence falls below the request's threshold. Requests
 sharing the draft draft together: one batched forward per draft position.
 
@@ -36,7 +40,7 @@ class EagleDraft:
     """The trained head at inference, shared by every request drafting with it."""
 
     def __init__(self, target: LlamaModel, tensors: dict[str, torch.Tensor], vocab_ids: torch.Tensor,
-                 feature_layers: tuple[int, ...] = (-1,), name: str = "eagle"):
+                 feature_layers: tuple[int, ...] = (-1,), name: str = "eagle", context: int | None = None):
         tw, dtype, device = target.weights, target.dtype, target.device
         t = {k: tensors[k].to(device=device, dtype=dtype).contiguous() for k in TENSORS}
         self.name = name
@@ -52,6 +56,7 @@ class EagleDraft:
         self.norm_levels, self.reduce = t["norm_levels"], t["reduce"]
         self.feature_layers = tuple(feature_layers)  # the target layers whose states it reads
         self.vocab_size = target.cfg.vocab_size
+        self.context = context  # the most prompt positions it reads (None: all)
 
     def route_inputs(self, upto: int) -> None:
         """Run the two matmuls before its layer (fc, reduce) as W @ xᵀ for forwards
@@ -81,7 +86,8 @@ class EagleProposer(ProposerBase):
         self.batch_key = draft
         self.needs_states = draft.feature_layers  # the target layers whose states it reads
         self.cache = draft.model.new_cache(capacity)
-        self.committed = 0  # draft positions computed from the target's true states
+        self.committed = 0  # target positions fed to the draft (their true states), or skipped
+        self.skipped = 0  # the prompt's first positions, beyond the draft's context: not in its cache
         self.pending: list[torch.Tensor] = []  # target states of positions committed.. not fed yet
         self.min_confidence = min_confidence
 
@@ -104,9 +110,12 @@ class EagleProposer(ProposerBase):
             if k <= 0 or not p.pending:
                 continue
             states = torch.cat(p.pending) if len(p.pending) > 1 else p.pending[0]
+            if p.committed == 0 and draft.context is not None and states.shape[0] > draft.context:
+                p.skipped = p.committed = states.shape[0] - draft.context  # the prompt's tail only
+                states = states[p.skipped:]
             m = p.committed + states.shape[0]  # positions the target has processed
             nxt = torch.tensor(ctx[p.committed + 1:m + 1], device=device)  # the token after each position
-            p.cache.lengths[0] = p.committed  # forget last round's speculative positions
+            p.cache.lengths[0] = p.committed - p.skipped  # forget last round's speculative positions
             items.append((draft.inputs(nxt, draft.reduced(states)), p.cache, False))
             p.committed, p.pending = m, []
             live.append(i)

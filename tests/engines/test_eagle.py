@@ -13,12 +13,13 @@ import torch
 
 from engines.api import SamplingParams
 from engines.builtin import BuiltinEngine
+from engines.config import EagleDraftConfig, EngineConfig, TargetConfig
 from engines.distill.data import generate, generate_padded, load_samples, save_samples
 from engines.distill.model import EagleHead
 from engines.distill.prompts import CONTEXT_TASKS, context_prompts, written_requests
 from engines.distill.run import Settings, encode, generated, prompt_set, self_prompt_set
 from engines.distill.train import agreement, train
-from engines.drafts import Drafts
+from engines.drafts import Drafts, build_drafts
 from engines.layouts import Columns
 from engines.loading import fingerprint
 from engines.proposers.eagle import EagleDraft, EagleProposer, load_draft, save_draft
@@ -105,6 +106,48 @@ def test_an_eagle_draft_routed_as_w_x_transposed_drafts_what_it_did():
         assert [(r.token_ids, r.stats.drafted_per_round, r.stats.accepted) for r in got] == \
             [(r.token_ids, r.stats.drafted_per_round, r.stats.accepted) for r in want]
     assert_greedy_is_plain(target, "eagle", lambda cap: EagleProposer(draft, cap), prompts, (1, 3))
+
+
+def test_an_eagle_draft_reads_no_more_of_a_prompt_than_its_training_windows(tmp_path):
+    """A draft trained on windows of 4 positions (its card's seq_len) reads a
+    9-token prompt's last 4: its cache starts there, the positions before are
+    skipped, and what it drafts next follows on from them; greedy output stays
+    plain's with it drafting and accepted."""
+    loaded = tiny_loaded(seed=0, scale=4.0)
+    target, ids = loaded.model, torch.arange(2, 30)
+    head = EagleHead(target.weights, target.cfg, ids, LAYERS)
+    save_draft(tmp_path, head.export(), ids, {"target_fingerprint": fingerprint(loaded),
+                                              "feature_layers": list(LAYERS), "training": {"seq_len": 4}})
+    cfg = EngineConfig(target=TargetConfig(max_context=96), drafts=[EagleDraftConfig(path=str(tmp_path))])
+    draft = build_drafts(cfg, loaded, tmp_path).eagles[0]
+    assert draft.context == 4
+    prompt = [9, 3, 12, 30, 2, 2, 8, 5, 6]
+    greedy = SamplingParams(max_tokens=8, temperature=0.0)
+
+    def states_of(tokens):  # the target's states at every position of tokens
+        return target.forward_many([(torch.tensor(tokens), target.new_cache(32), False)], hidden=LAYERS)[1][0]
+    p = EagleProposer(draft, 32)
+    p.observe_states(states_of(prompt))  # the prefill's states; its token follows the prompt
+    ctx = prompt + [7]
+    first = p.propose(ctx, 1, greedy, torch.Generator()).token_ids.tolist()
+    assert (p.skipped, p.committed, p.cache.lengths[0]) == (5, 9, 4)  # the cache starts at the prompt's tail
+
+    def drafted(d, states, ctx):  # three tokens drafted after reading `states`
+        q = EagleProposer(d, 32)
+        q.observe_states(states)
+        return q.propose(ctx, 3, greedy, torch.Generator())
+    unbounded = EagleDraft(target, *load_draft(tmp_path, fingerprint(loaded))[:2], LAYERS)  # reads all it is given
+    got, tail = drafted(draft, states_of(prompt), ctx), drafted(unbounded, states_of(prompt)[5:], ctx[5:])
+    full = drafted(unbounded, states_of(prompt), ctx)
+    assert got.token_ids.tolist() == tail.token_ids.tolist()  # as if the prompt were its last 4 tokens
+    assert torch.allclose(got.confidence, tail.confidence, rtol=0, atol=1e-7)
+    assert not torch.allclose(full.confidence, tail.confidence, rtol=0, atol=1e-6)  # the skipped ones count
+    ctx += first + [11]  # the draft accepted, a bonus token after it
+    p.observe_states(states_of(ctx[:-1])[9:])  # the states of the two positions the round committed
+    assert len(p.propose(ctx, 2, greedy, torch.Generator()).token_ids) == 2
+    assert (p.skipped, p.committed, p.cache.lengths[0]) == (5, 11, 7)  # 4 + 2 fed + 1 drafted on
+    assert_greedy_is_plain(target, "eagle", lambda cap: EagleProposer(draft, cap),
+                           [prompt, [33, 34, 33, 34, 33, 34], [20]], (1, 3))
 
 
 @pytest.mark.parametrize("sp", [
