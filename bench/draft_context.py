@@ -3,8 +3,8 @@ the last `context` positions of a prompt (its card's training seq_len:
 engines/proposers/eagle.py) or all of it, alternating round by round.
 
 Only prompts longer than the bound draft differently, so the bench serves those:
-the dev split's benchmark prompts (first turns) that render to more tokens than
-the bound, taken category by category in turn up to --prompts, each alone,
+the dev split's prompts (first turns) that render to more tokens than the
+bound, taken category by category in turn up to --prompts, each alone,
 greedy, under each arm (default: the EAGLE head at fixed γ 1, where acceptance
 is the draft's alone, and the hybrid with the engine's adaptive γ, as served).
 Per round and arm: accepted per drafted token, drafting seconds per drafted

@@ -104,9 +104,10 @@ def build_drafts(config: EngineConfig, target: LoadedModel, cache_dir: Path) -> 
                                  f"{out.eagles[0].feature_layers}: one engine serves drafts reading the same layers")
             measured = {k: v["acceptance"] for k, v in card.get("validation", {}).items()
                         if isinstance(v, dict) and "acceptance" in v}
-            log.info("draft %s: %d-token head, trained %s on windows of %s positions (the most of a prompt it "
-                     "reads); validation acceptance per drafted token %s", d.name, vocab_ids.numel(),
-                     card.get("created", "?"), eagle.context or "any number of",
+            window = f" on windows of {eagle.context} positions (the most of a prompt it reads)" if eagle.context \
+                else ""
+            log.info("draft %s: %d-token head, trained %s%s; validation acceptance per drafted token %s", d.name,
+                     vocab_ids.numel(), card.get("created", "?"), window,
                      " ".join(f"{k} {v}" for k, v in measured.items()) or "not recorded")
             out.eagles.append(eagle)
             out.weights.append(eagle.model.weights)
