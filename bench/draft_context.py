@@ -43,16 +43,12 @@ def run(rounds: int, config: str | None, prompts: int, max_tokens: int, arms: li
     """Per (arm, figure): (unbounded median, bounded median, bounded/unbounded ratio per round)."""
     import json
 
-    import numpy as np
-
     from bench import default_data_path
-    from engines.api import ChatMessage, GenerationRequest, SamplingParams
-    from engines.arms import Arm
-    from engines.builtin import BuiltinEngine, drive_from_side_thread
+    from bench.routes import alternated
+    from engines.builtin import BuiltinEngine
     from engines.config import load_engine_config
     from engines.proposers.eagle import EagleProposer
 
-    # the decode loop on this (main) thread, as `specgate serve` runs it; requests from a second
     engine = BuiltinEngine.from_config(load_engine_config(config), start_worker=False)
     eagles = [p.draft for f in engine.drafts.values() if isinstance(p := f(1), EagleProposer)]
     if not eagles or eagles[0].context is None:
@@ -60,34 +56,15 @@ def run(rounds: int, config: str | None, prompts: int, max_tokens: int, arms: li
     bound = eagles[0].context
     rows = long_prompts(engine, [json.loads(x) for x in default_data_path().read_text().splitlines() if x.strip()],
                         bound, prompts)
-    runs: dict[tuple, dict[bool, list[float]]] = {}
 
-    def serve_rounds() -> None:
-        for r in range(rounds):
-            for bounded in ((False, True) if r % 2 == 0 else (True, False)):
-                for e in eagles:  # the loop is idle: every request has ended
-                    e.context = bound if bounded else None
-                for arm in arms:
-                    parsed, fixed = Arm.parse(arm.removesuffix("/fixed")), arm.endswith("/fixed")
-                    stats = [engine.submit(GenerationRequest(
-                        f"{arm}-{bounded}-{i}", SamplingParams(max_tokens=max_tokens, temperature=0.0),
-                        messages=(ChatMessage("user", row["turns"][0]),), arm=parsed,
-                        fixed_gamma=fixed)).wait(600).stats for i, row in enumerate(rows)]
-                    drafted = max(sum(x.drafted for x in stats), 1)
-                    decoding = sum(x.total_s - x.ttft_s for x in stats)  # after the first token
-                    figures = {"accepted/drafted": sum(x.accepted for x in stats) / drafted,
-                               "drafting ms/token": sum(x.draft_s for x in stats) / drafted * 1e3,
-                               "decode tok/s": sum(x.output_tokens - 1 for x in stats) / decoding}
-                    for fig, v in figures.items():
-                        runs.setdefault((arm, fig), {False: [], True: []})[bounded].append(v)
-    try:
-        drive_from_side_thread(engine, serve_rounds)
-    finally:
+    def switch(bounded: bool) -> None:
         for e in eagles:
-            e.context = bound
+            e.context = bound if bounded else None
+    try:
+        out = alternated(engine, rows, rounds, switch, arms, max_tokens)
+    finally:
+        switch(True)
         engine.close()
-    out = {k: (float(np.median(v[False])), float(np.median(v[True])),
-               list(np.array(v[True]) / np.array(v[False]))) for k, v in runs.items()}
     cats = sorted({r["category"] for r in rows})
     return out, (f"{len(rows)} prompts longer than the bound of {bound} positions (from {', '.join(cats)}), "
                  f"{max_tokens} tokens each; " + engine.profile.describe())
@@ -95,7 +72,7 @@ def run(rounds: int, config: str | None, prompts: int, max_tokens: int, arms: li
 
 def main() -> int:
     from bench import cpu_model
-    from bench.routes import interval
+    from bench.routes import print_alternated
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3, help="rounds of each setting, alternating (default: %(default)s)")
@@ -110,10 +87,7 @@ def main() -> int:
         ap.error("--rounds must be at least 2 and --prompts at least 1")
     res, setup = run(a.rounds, a.config, a.prompts, a.max_tokens, a.arms)
     print(f"machine: {cpu_model()}; {setup}")
-    for (arm, fig), (whole, bounded, ratios) in res.items():
-        med, lo, hi = interval(ratios)
-        print(f"{arm:16s} {fig:18s} whole prompt {whole:6.3f}  bounded {bounded:6.3f}  "
-              f"ratio {med:.3f} [{lo:.3f}, {hi:.3f}]")
+    print_alternated(res, "whole prompt", "bounded")
     return 0
 
 

@@ -8,10 +8,11 @@ bootstrap interval.
 With --drafts, the EAGLE drafts' own routes instead (Drafts.route_columns): the
 dev split's benchmark prompts (the first --per-category of each category) served
 alone under each at γ 1 and 3, greedy, fixed γ, with the drafts routed as the target and laid out,
-alternating round by round; per round the drafting seconds per drafted token
-(the requests' draft_s over their drafted tokens, their first round's reading
-of the prompt included) and the tokens per second after each request's first
-(prefill left out), each as a routed/laid-out ratio.
+alternating round by round (`alternated`, which bench/draft_context.py shares);
+per round the accepted per drafted token (routes change no draft: 1.000), the
+drafting seconds per drafted token (their first round's reading of the prompt
+included) and the tokens per second after each request's first (prefill left
+out), each as a routed/laid-out ratio.
 
     .venv/bin/python bench/routes.py --rounds 10
     .venv/bin/python bench/routes.py --drafts --rounds 4 --per-category 1
@@ -53,16 +54,12 @@ def run(rounds: int, layers: int | None, head: int | None,
 
 
 def run_drafts(rounds: int, config: str | None, per_category: int, max_tokens: int) -> tuple[dict, str]:
-    """Per (draft, γ, figure): (laid-out median, routed median, routed/laid-out ratio per round)."""
+    """Per (arm, figure): (laid-out median, routed median, routed/laid-out ratio per round)."""
     import json
-
-    import numpy as np
 
     from bench import default_data_path
     from bench.engine import pick_prompts
-    from engines.api import ChatMessage, GenerationRequest, SamplingParams
-    from engines.arms import Arm
-    from engines.builtin import BuiltinEngine, drive_from_side_thread
+    from engines.builtin import BuiltinEngine
     from engines.config import load_engine_config
     from engines.drafts import Drafts
     from engines.proposers.eagle import EagleProposer
@@ -77,33 +74,60 @@ def run_drafts(rounds: int, config: str | None, per_category: int, max_tokens: i
     routes = (prof.layers_upto, prof.head_upto)
     rows = pick_prompts([json.loads(x) for x in default_data_path().read_text().splitlines() if x.strip()],
                         per_category, None)
+    arms = [f"{name}:{gamma}/fixed" for name in eagles for gamma in (1, 3)]
+    try:
+        out = alternated(engine, rows, rounds, lambda routed: own.route_columns(*(routes if routed else (0, 0))),
+                         arms, max_tokens)
+    finally:
+        own.route_columns(*routes)
+        engine.close()
+    return out, (f"{len(rows)} prompts, {max_tokens} tokens each; drafts routed as the target: the layers up to "
+                 f"{prof.layers_upto} tokens, the head up to {prof.head_upto} rows; " + prof.describe())
+
+
+def alternated(engine, rows: list[dict], rounds: int, switch, arms: list[str], max_tokens: int) -> dict:
+    """Serve `rows` (first turns) alone and greedy under each arm (`DRAFT:G`, `/fixed`
+    for a fixed γ) with `switch(False)` and `switch(True)` alternating round by round,
+    the decode loop on this (main) thread as `specgate serve` runs it. Per (arm,
+    figure): (median off, median on, on/off ratio per round), the figures being
+    accepted per drafted token, drafting ms per drafted token (the first round's
+    reading of the prompt included) and tokens per second after each request's first
+    (prefill left out)."""
+    import numpy as np
+
+    from engines.api import ChatMessage, GenerationRequest, SamplingParams
+    from engines.arms import Arm
+    from engines.builtin import drive_from_side_thread
+
     runs: dict[tuple, dict[bool, list[float]]] = {}
 
     def serve_rounds() -> None:
         for r in range(rounds):
-            for routed in ((False, True) if r % 2 == 0 else (True, False)):
-                own.route_columns(*(routes if routed else (0, 0)))  # the loop is idle: every request has ended
-                for name in eagles:
-                    for gamma in (1, 3):
-                        stats = [engine.submit(GenerationRequest(
-                            f"{name}-{gamma}-{i}", SamplingParams(max_tokens=max_tokens, temperature=0.0),
-                            messages=(ChatMessage("user", row["turns"][0]),), arm=Arm(name, gamma),
-                            fixed_gamma=True)).wait(600).stats for i, row in enumerate(rows)]
-                        drafted = sum(x.drafted for x in stats)
-                        decoding = sum(x.total_s - x.ttft_s for x in stats)  # after the first token
-                        figures = {"drafting ms/token": sum(x.draft_s for x in stats) / max(drafted, 1) * 1e3,
-                                   "decode tok/s": sum(x.output_tokens - 1 for x in stats) / decoding}
-                        for fig, v in figures.items():
-                            runs.setdefault((name, gamma, fig), {False: [], True: []})[routed].append(v)
-    try:
-        drive_from_side_thread(engine, serve_rounds)
-    finally:
-        own.route_columns(*routes)
-        engine.close()
-    out = {k: (float(np.median(v[False])), float(np.median(v[True])),
-               list(np.array(v[True]) / np.array(v[False]))) for k, v in runs.items()}
-    return out, (f"{len(rows)} prompts, {max_tokens} tokens each; drafts routed as the target: the layers up to "
-                 f"{prof.layers_upto} tokens, the head up to {prof.head_upto} rows; " + prof.describe())
+            for on in ((False, True) if r % 2 == 0 else (True, False)):
+                switch(on)  # the loop is idle: every request has ended
+                for arm in arms:
+                    parsed, fixed = Arm.parse(arm.removesuffix("/fixed")), arm.endswith("/fixed")
+                    stats = [engine.submit(GenerationRequest(
+                        f"{arm}-{on}-{i}", SamplingParams(max_tokens=max_tokens, temperature=0.0),
+                        messages=(ChatMessage("user", row["turns"][0]),), arm=parsed,
+                        fixed_gamma=fixed)).wait(600).stats for i, row in enumerate(rows)]
+                    drafted = max(sum(x.drafted for x in stats), 1)
+                    decoding = sum(x.total_s - x.ttft_s for x in stats)  # after the first token
+                    figures = {"accepted/drafted": sum(x.accepted for x in stats) / drafted,
+                               "drafting ms/token": sum(x.draft_s for x in stats) / drafted * 1e3,
+                               "decode tok/s": sum(x.output_tokens - 1 for x in stats) / decoding}
+                    for fig, v in figures.items():
+                        runs.setdefault((arm, fig), {False: [], True: []})[on].append(v)
+    drive_from_side_thread(engine, serve_rounds)
+    return {k: (float(np.median(v[False])), float(np.median(v[True])),
+                list(np.array(v[True]) / np.array(v[False]))) for k, v in runs.items()}
+
+
+def print_alternated(res: dict, off: str, on: str) -> None:
+    """alternated()'s figures, a line each: both medians and the ratio's median [95% interval]."""
+    for (arm, fig), (a, b, ratios) in res.items():
+        med, lo, hi = interval(ratios)
+        print(f"{arm:16s} {fig:18s} {off} {a:6.3f}  {on} {b:6.3f}  ratio {med:.3f} [{lo:.3f}, {hi:.3f}]")
 
 
 def interval(ratios: list[float], b: int = 2000, seed: int = 0) -> list[float]:
@@ -139,10 +163,7 @@ def main() -> int:
     if a.drafts:
         res, profile = run_drafts(a.rounds, a.config, a.per_category, a.max_tokens)
         print(f"machine: {cpu_model()}; {profile}")
-        for (name, gamma, fig), (laid, routed, ratios) in res.items():
-            med, lo, hi = interval(ratios)
-            print(f"{name}:{gamma} {fig:18s} as laid out {laid:6.2f}  routed {routed:6.2f}  "
-                  f"ratio {med:.3f} [{lo:.3f}, {hi:.3f}]")
+        print_alternated(res, "as laid out", "routed")
         return 0
     res, profile = run(a.rounds, a.layers, a.head, a.config)
     print(f"machine: {cpu_model()}; start-up profile: {profile}")
