@@ -51,7 +51,8 @@ def generate(model: LlamaModel, prompts: list[tuple[str, list[int], float]], max
              seed: int, layers: tuple[int, ...] = (-1,), batch: int = 48,
              on_done: Callable[[int, int], None] | None = None) -> list[Sample]:
     """prompts: (category, prompt token ids, temperature); `layers`: whose states
-    to keep (-1: the final one). Returns one Sample per prompt, in order.
+    to keep (-1: the final one; none: keep no states, Sample.states [L - 1, 0],
+    for answers read as text only). Returns one Sample per prompt, in order.
     `on_done(done, answer_tokens)` reports progress."""
     if model.device.type != "cpu":
         return generate_padded(model, prompts, max_new, eos_ids, seed, layers, batch, on_done)
@@ -67,8 +68,7 @@ def generate(model: LlamaModel, prompts: list[tuple[str, list[int], float]], max
             g = torch.Generator(device=model.device).manual_seed(seed * 1_000_003 + i)
             sp = SamplingParams(max_tokens=max_new, temperature=temp)
             row = _Row(i, list(ids), len(ids), sp, g, model.new_cache(len(ids) + max_new + 1), [])
-            logits, states = model.forward_many([(torch.tensor(ids, device=model.device), row.cache, False)],
-                                                hidden=layers)
+            logits, states = _forward(model, [(torch.tensor(ids, device=model.device), row.cache, False)], layers)
             row.states.append(states[0].to(torch.bfloat16))
             first = sample_token(logits[0], sp, g)
             row.ids.append(first)
@@ -88,8 +88,8 @@ def generate(model: LlamaModel, prompts: list[tuple[str, list[int], float]], max
 
     admit()
     while rows:
-        logits, states = model.forward_many([(torch.tensor([r.ids[-1]], device=model.device), r.cache, False)
-                                             for r in rows], hidden=layers)
+        logits, states = _forward(model, [(torch.tensor([r.ids[-1]], device=model.device), r.cache, False)
+                                          for r in rows], layers)
         keep = []
         for r, lg, st in zip(rows, logits, states):
             r.states.append(st.to(torch.bfloat16))
@@ -130,8 +130,8 @@ def generate_padded(model: LlamaModel, prompts: list[tuple[str, list[int], float
         for a in range(0, B, PREFILL_ROWS):  # prefill: rows through their own views of the cache
             part = range(a, min(a + PREFILL_ROWS, B))
             views = [cache.row(b) for b in part]
-            lg, st = model.forward_many([(torch.tensor(ids[b], device=model.device), v, False)
-                                         for b, v in zip(part, views)], hidden=layers)
+            lg, st = _forward(model, [(torch.tensor(ids[b], device=model.device), v, False)
+                                      for b, v in zip(part, views)], layers)
             for b, v, row_logits, row_states in zip(part, views, lg, st):
                 cache.lengths[b] = v.lengths[0]
                 last[b] = row_logits[0]
@@ -147,7 +147,7 @@ def generate_padded(model: LlamaModel, prompts: list[tuple[str, list[int], float
                         live[b] = False
             if not any(live):
                 break
-            last, st = model.decode_padded(torch.tensor(tokens, device=model.device), cache, hidden=layers)
+            last, st = _decode(model, torch.tensor(tokens, device=model.device), cache, layers)
             step_states.append(st.to(torch.bfloat16))
         steps = torch.stack(step_states, dim=1).cpu() if step_states else None  # [B, steps, F]
         for b, i in enumerate(idx):
@@ -159,6 +159,23 @@ def generate_padded(model: LlamaModel, prompts: list[tuple[str, list[int], float
             if on_done is not None:
                 on_done(done, len(ids[b]) - len(prompt))
     return [s for s in out if s is not None]
+
+
+def _forward(model: LlamaModel, items: list, layers: tuple[int, ...]) -> tuple[list, list]:
+    """forward_many's logits and each item's states [T_i, E · layers]: [T_i, 0] where
+    `layers` names none, so that text-only stages hold no states (10,000 self-written
+    turns kept ~3 GB of them)."""
+    if layers:
+        return model.forward_many(items, hidden=layers)
+    return model.forward_many(items), [torch.empty(ids.shape[0], 0, dtype=torch.bfloat16) for ids, _, _ in items]
+
+
+def _decode(model: LlamaModel, tokens: torch.Tensor, cache, layers: tuple[int, ...]):
+    """decode_padded's logits [B, V] and states [B, E · layers] ([B, 0]: see _forward)."""
+    if layers:
+        return model.decode_padded(tokens, cache, hidden=layers)
+    return model.decode_padded(tokens, cache), torch.empty(tokens.shape[0], 0, dtype=torch.bfloat16,
+                                                           device=tokens.device)
 
 
 def _sample_rows(logits: torch.Tensor, temps: list[float], g: torch.Generator) -> torch.Tensor:

@@ -78,7 +78,7 @@ def self_prompt_set(s: Settings, target: LoadedModel, key: str) -> tuple[list[st
     opened = render_chat_text(tok, marker)
     prefix = tok(opened[: opened.index(marker)], add_special_tokens=False)["input_ids"]
     items = [("self", prefix, 1.0)] * s.self_prompts
-    turns = generated(s, target, "self-prompts", items, SELF_PROMPT_TOKENS, s.seed + 3, key)
+    turns = generated(s, target, "self-prompts", items, SELF_PROMPT_TOKENS, s.seed + 3, key, layers=())  # read as text
     eos = _eos(target)
     ended = [x.answer_len > 0 and int(x.tokens[-1]) in eos for x in turns]
     written = [(tok.decode(x.tokens[x.prompt_len: len(x.tokens) - e].tolist(), skip_special_tokens=True), e)
@@ -137,10 +137,12 @@ def stage_key(*parts) -> str:
 
 
 def generated(s: Settings, target: LoadedModel, name: str, items: list, max_new: int, seed: int,
-              key: str) -> list:
-    """The target's answers and states, generated once and kept in the work
-    directory under `key` (the target's fingerprint, the settings) and the prompts."""
-    path = s.work / f"{name}-{stage_key(key, items, max_new, seed, s.feature_layers)}.safetensors"
+              key: str, layers: tuple[int, ...] | None = None) -> list:
+    """The target's answers and states (of `layers`, by default the draft's feature
+    layers; () keeps none), generated once and kept in the work directory under
+    `key` (the target's fingerprint, the settings) and the prompts."""
+    layers = s.feature_layers if layers is None else tuple(layers)
+    path = s.work / f"{name}-{stage_key(key, items, max_new, seed, layers)}.safetensors"
     if path.exists():
         log(f"{name}: using {path}")
         return data.load_samples(path)
@@ -152,7 +154,7 @@ def generated(s: Settings, target: LoadedModel, name: str, items: list, max_new:
         answer_tokens[0] += n
         progress.update(done, f"{answer_tokens[0]} answer tokens")
 
-    samples = data.generate(target.model, items, max_new, eos, seed, s.feature_layers, s.gen_batch, on_done)
+    samples = data.generate(target.model, items, max_new, eos, seed, layers, s.gen_batch, on_done)
     progress.update(len(items), f"{answer_tokens[0]} answer tokens", force=True)
     data.save_samples(path, samples)
     return samples

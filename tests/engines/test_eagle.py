@@ -196,7 +196,8 @@ def test_padded_data_generation_writes_what_the_ragged_one_does():
     """The GPU's padded batches (generate_padded) against the CPU's ragged ones:
     greedy answers token for token, their states equal, prompts of different
     lengths in one batch, an answer ending at EOS early; sampled answers run
-    their length with a state for every position but the last."""
+    their length with a state for every position but the last. Asked for no
+    layers, both write the same answers and keep no states."""
     target = lean_from_hf(tiny_hf_model(seed=0, scale=4.0, dtype=torch.float32), dtype=torch.float32)
     gen = torch.Generator().manual_seed(1)
     prompts = [("t", [int(x) for x in torch.randint(2, 38, (n,), generator=gen)], 0.0) for n in (3, 7, 5, 11, 4)]
@@ -206,6 +207,10 @@ def test_padded_data_generation_writes_what_the_ragged_one_does():
     for r, p in zip(ragged, padded):
         assert torch.equal(p.tokens, r.tokens) and p.prompt_len == r.prompt_len
         torch.testing.assert_close(p.states.float(), r.states.float(), rtol=0.02, atol=0.02)  # bfloat16 storage
+    for text_only in (generate(target, prompts, 16, frozenset({1, 5}), seed=0, layers=(), batch=8),
+                      generate_padded(target, prompts, 16, frozenset({1, 5}), seed=0, layers=(), batch=3)):
+        assert [s.tokens.tolist() for s in text_only] == [r.tokens.tolist() for r in ragged]
+        assert all(s.states.shape == (s.tokens.shape[0] - 1, 0) for s in text_only)
     sampled = generate_padded(target, [(c, ids, 1.0) for c, ids, _ in prompts], 16, frozenset(), seed=0,
                               layers=LAYERS, batch=5)
     assert all(s.answer_len == 16 and s.states.shape[0] == s.tokens.shape[0] - 1 for s in sampled)
@@ -280,6 +285,7 @@ def test_requests_the_target_writes_are_kept_where_its_turn_ends(tmp_path):
     assert asked == 12 and len(turns) == 12
     prefix = turns[0].tokens[: turns[0].prompt_len].tolist()
     assert all(x.tokens[: x.prompt_len].tolist() == prefix for x in turns)  # one open turn, sampled 12 ways
+    assert all(x.states.shape == (x.tokens.shape[0] - 1, 0) for x in turns)  # read as text: no states kept
     request = encode(target.tokenizer, "the cat sat")  # a request's tokens begin with the open turn
     assert request[: len(prefix)] == prefix and len(request) > len(prefix)
     ended = [target.tokenizer.decode(x.tokens[x.prompt_len:-1].tolist(), skip_special_tokens=True) for x in turns
