@@ -7,6 +7,7 @@ code, unlike a pickle, so a file from anywhere can be read safely.
 from __future__ import annotations
 
 import json
+import math
 import re
 import zlib
 from dataclasses import dataclass
@@ -45,11 +46,13 @@ def hashed_features(text: str) -> tuple[np.ndarray, np.ndarray]:
     feats += ["^" + t for t in toks[:3]] + [f"#len{min(len(text).bit_length(), 16)}"]
     # map() over C functions: no Python frame per feature (the decision's hot loop)
     idx = np.fromiter(map(zlib.crc32, map(str.encode, feats)), dtype=np.int64, count=len(feats)) % N_FEATURES
-    idx.sort()  # np.unique by hand: its wrapper costs more than the sort
-    starts = np.flatnonzero(np.concatenate(([True], idx[1:] != idx[:-1])))
-    w = np.diff(np.append(starts, len(idx))).astype(np.float64)  # occurrences of each feature
-    idx = idx[starts]
-    return idx, w / np.linalg.norm(w)
+    idx.sort()  # np.unique by hand, in few array calls: its wrapper (and np.diff's, np.append's) cost more
+    edge = np.empty(len(idx) + 1, dtype=bool)  # where a run of equal indices starts, and the end
+    edge[0] = edge[-1] = True
+    np.not_equal(idx[1:], idx[:-1], out=edge[1:-1])
+    b = edge.nonzero()[0]
+    w = (b[1:] - b[:-1]).astype(np.float64)  # occurrences of each feature
+    return idx[b[:-1]], w * (1.0 / math.sqrt(w @ w))
 
 
 def featurize(texts: list[str]):

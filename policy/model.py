@@ -271,6 +271,10 @@ class DraftStack:
         self.q = np.array([m._q if m._q is not None else np.zeros_like(m._w) for m in ms])  # [D, N]
         self.fixed, self.per_k, self.per_k_load = np.array([m.cost_terms() for m in ms]).T  # [D] each
         self.over = np.array([(m.overhead_steps, m.overhead_per_prompt_token) for m in ms])  # [D, 2]
+        self._all_covered = None if self.has_q.any() else np.ones(len(ms))  # no draft has q: read-only
+        if self._all_covered is not None:
+            self._all_covered.flags.writeable = False
+        self._ks: dict[int, np.ndarray] = {}  # γ_max -> k = 1..γ_max as [γ_max, 1, 1]
 
     def posterior(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Mean and standard deviation of each draft's logit α at features x: [D] each."""
@@ -278,8 +282,8 @@ class DraftStack:
 
     def coverage(self, x: np.ndarray) -> np.ndarray:
         """Each draft's share of rounds that verify a draft: [D] (1 where it has no coverage model)."""
-        if not self.has_q.any():
-            return np.ones(len(self.models))
+        if self._all_covered is not None:
+            return self._all_covered
         z = np.minimum(np.maximum(self.q @ x, -30.0), 30.0)
         return np.where(self.has_q, 1.0 / (1.0 + np.exp(-z)), 1.0)
 
@@ -291,7 +295,9 @@ class DraftStack:
         mean round's cost) and yield one token. γ leads so that the running best over k
         reads whole [R, D] blocks."""
         L = max(f.expected_output_tokens, 1)
-        k = np.arange(1, gamma_max + 1, dtype=np.float64)[:, None, None]  # [γ_max, 1, 1]
+        k = self._ks.get(gamma_max)
+        if k is None:
+            k = self._ks[gamma_max] = np.arange(1, gamma_max + 1, dtype=np.float64)[:, None, None]  # [γ_max, 1, 1]
         per_k = self.per_k + self.per_k_load * min(f.load, LOAD_CAP)  # [D]: round_cost's, at this load
         over = self.over[:, 0] + self.over[:, 1] * f.prompt_tokens  # [D]
         q = np.minimum(np.maximum(coverage, 0.0), 1.0)  # [D]

@@ -1,12 +1,18 @@
 import json
+import re
+import zlib
+from collections import Counter
 
+import numpy as np
 import pytest
 
 from policy.classifier import (
     BUNDLED,
     CATEGORIES,
+    N_FEATURES,
     SPECBENCH_TO_CATEGORY,
     CategoryClassifier,
+    hashed_features,
     specbench_training_set,
 )
 
@@ -44,3 +50,20 @@ def test_a_file_of_another_kind_is_refused(tmp_path):
     path.write_text(json.dumps({"format": "pickle-please"}))
     with pytest.raises(ValueError, match="not a specgate category classifier"):
         CategoryClassifier.load(path)
+
+
+def test_hashed_features_count_each_feature_once_and_are_l2_normalised():
+    """hashed_features against a plain count of the same features (crc32 of word
+    unigrams, bigrams, the first three words marked, a length bucket): sorted
+    distinct indices, weights their counts over the counts' l2 norm (a repeated
+    word counts twice)."""
+    for text in ("Fix this code: x = x + 1; x = x + 1;", "the the the cat", "a", "Résumé, s'il vous plaît!"):
+        toks = re.findall(r"\w+|[^\w\s]", text.lower())
+        feats = toks + [" ".join(p) for p in zip(toks, toks[1:])] + ["^" + t for t in toks[:3]]
+        feats.append(f"#len{min(len(text).bit_length(), 16)}")
+        counts = Counter(zlib.crc32(f.encode()) % N_FEATURES for f in feats)
+        want_idx = np.array(sorted(counts))
+        want_w = np.array([counts[i] for i in want_idx], dtype=float)
+        idx, w = hashed_features(text)
+        assert idx.tolist() == want_idx.tolist()
+        np.testing.assert_allclose(w, want_w / np.sqrt((want_w ** 2).sum()))
