@@ -192,7 +192,7 @@ class Progress:
     """A progress line with rate and ETA on stderr (redrawn on a terminal)."""
 
     def __init__(self, total: int, label: str, unit: str, log: Callable[[str], None]):
-        self.total, self.label, self.unit, self.log = max(total, 1), label, unit, log
+        self.total, self.label, self.unit, self.log = total, label, unit, log
         self.t0 = time.monotonic()
         self.last = 0.0
 
@@ -202,8 +202,9 @@ class Progress:
             return
         self.last = now
         elapsed = now - self.t0
-        eta = elapsed / max(done, 1e-9) * (self.total - done)
-        self.log(f"{self.label}: {done}/{self.total} {self.unit} {100 * done / self.total:5.1f}%  "
+        eta = elapsed / max(done, 1e-9) * (self.total - done)  # 0 once done (an empty stage at once)
+        share = done / self.total if self.total else 1.0
+        self.log(f"{self.label}: {done}/{self.total} {self.unit} {100 * share:5.1f}%  "
                  f"elapsed {elapsed / 60:5.1f} min  eta {eta / 60:5.1f} min  {extra}")
 
 

@@ -14,7 +14,7 @@ import torch
 from engines.api import SamplingParams
 from engines.builtin import BuiltinEngine
 from engines.config import EagleDraftConfig, EngineConfig, TargetConfig
-from engines.distill.data import generate, generate_padded, load_samples, save_samples
+from engines.distill.data import Progress, generate, generate_padded, load_samples, save_samples
 from engines.distill.model import EagleHead
 from engines.distill.prompts import CONTEXT_TASKS, context_prompts, written_requests
 from engines.distill.run import Settings, encode, generated, prompt_set, self_prompt_set
@@ -295,3 +295,14 @@ def test_requests_the_target_writes_are_kept_where_its_turn_ends(tmp_path):
                                    for i in range(5)))
     train_prompts, _, info = prompt_set(s, target.tokenizer, kept)
     assert info["self_prompts"] == len(kept) and sum(1 for c, _, _ in train_prompts if c == "self") == len(kept)
+
+
+def test_progress_of_an_empty_stage_reads_done_not_an_eta():
+    """A stage with nothing to do (no passages to ask about) reports 0/0, 100%, no time left."""
+    lines: list[str] = []
+    p = Progress(0, "context data", "prompts", lines.append)
+    p.update(0, force=True)
+    assert "0/0 prompts 100.0%" in lines[0] and "eta   0.0 min" in lines[0]
+    q = Progress(4, "train data", "prompts", lines.append)
+    q.update(1, force=True)
+    assert "1/4 prompts  25.0%" in lines[1]
