@@ -86,41 +86,45 @@ def run_drafts(rounds: int, config: str | None, per_category: int, max_tokens: i
 
 
 def alternated(engine, rows: list[dict], rounds: int, switch, arms: list[str], max_tokens: int) -> dict:
+    """serve_alternated with the decode loop on this (main) thread, as `specgate serve`
+    runs it (the engine is closed after)."""
+    from engines.builtin import drive_from_side_thread
+
+    return drive_from_side_thread(engine, lambda: serve_alternated(engine, rows, rounds, switch, arms, max_tokens))
+
+
+def serve_alternated(engine, rows: list[dict], rounds: int, switch, arms: list[str], max_tokens: int) -> dict:
     """Serve `rows` (first turns) alone and greedy under each arm (`DRAFT:G`, `/fixed`
     for a fixed γ) with `switch(False)` and `switch(True)` alternating round by round,
-    the decode loop on this (main) thread as `specgate serve` runs it. Per (arm,
-    figure): (median off, median on, on/off ratio per round), the figures being
-    accepted per drafted token, drafting ms per drafted token (the first round's
-    reading of the prompt included) and tokens per second after each request's first
-    (prefill left out)."""
+    from a thread beside the decode loop's. Per (arm, figure): (median off, median on,
+    on/off ratio per round), the figures being accepted per drafted token, drafting ms
+    per drafted token (the first round's reading of the prompt included) and tokens per
+    second after each request's first (prefill left out)."""
     import numpy as np
 
     from engines.api import ChatMessage, GenerationRequest, SamplingParams
     from engines.arms import Arm
-    from engines.builtin import drive_from_side_thread
 
     runs: dict[tuple, dict[bool, list[float]]] = {}
-
-    def serve_rounds() -> None:
-        for r in range(rounds):
-            for on in ((False, True) if r % 2 == 0 else (True, False)):
-                switch(on)  # the loop is idle: every request has ended
-                for arm in arms:
-                    parsed, fixed = Arm.parse(arm.removesuffix("/fixed")), arm.endswith("/fixed")
-                    stats = [engine.submit(GenerationRequest(
-                        f"{arm}-{on}-{i}", SamplingParams(max_tokens=max_tokens, temperature=0.0),
-                        messages=(ChatMessage("user", row["turns"][0]),), arm=parsed,
-                        fixed_gamma=fixed)).wait(600).stats for i, row in enumerate(rows)]
-                    drafted = max(sum(x.drafted for x in stats), 1)
-                    decoding = sum(x.total_s - x.ttft_s for x in stats)  # after the first token
-                    figures = {"accepted/drafted": sum(x.accepted for x in stats) / drafted,
-                               "drafting ms/token": sum(x.draft_s for x in stats) / drafted * 1e3,
-                               "decode tok/s": sum(x.output_tokens - 1 for x in stats) / decoding}
-                    for fig, v in figures.items():
-                        runs.setdefault((arm, fig), {False: [], True: []})[on].append(v)
-    drive_from_side_thread(engine, serve_rounds)
-    return {k: (float(np.median(v[False])), float(np.median(v[True])),
-                list(np.array(v[True]) / np.array(v[False]))) for k, v in runs.items()}
+    for r in range(rounds):
+        for on in ((False, True) if r % 2 == 0 else (True, False)):
+            switch(on)  # the loop is idle: every request has ended
+            for arm in arms:
+                parsed, fixed = Arm.parse(arm.removesuffix("/fixed")), arm.endswith("/fixed")
+                stats = [engine.submit(GenerationRequest(
+                    f"{arm}-{on}-{i}", SamplingParams(max_tokens=max_tokens, temperature=0.0),
+                    messages=(ChatMessage("user", row["turns"][0]),), arm=parsed,
+                    fixed_gamma=fixed)).wait(600).stats for i, row in enumerate(rows)]
+                drafted = max(sum(x.drafted for x in stats), 1)
+                decoding = sum(x.total_s - x.ttft_s for x in stats)  # after the first token
+                figures = {"accepted/drafted": sum(x.accepted for x in stats) / drafted,
+                           "drafting ms/token": sum(x.draft_s for x in stats) / drafted * 1e3,
+                           "decode tok/s": sum(x.output_tokens - 1 for x in stats) / decoding}
+                for fig, v in figures.items():
+                    runs.setdefault((arm, fig), {False: [], True: []})[on].append(v)
+    with np.errstate(invalid="ignore", divide="ignore"):  # plain drafts nothing: its drafting figures are 0/0
+        return {k: (float(np.median(v[False])), float(np.median(v[True])),
+                    list(np.array(v[True]) / np.array(v[False]))) for k, v in runs.items()}
 
 
 def print_alternated(res: dict, off: str, on: str) -> None:

@@ -32,6 +32,7 @@ from engines.arms import Arm, ArmMenu
 from engines.config import EngineConfig
 from engines.drafts import ProposerFactory, build_drafts, may_pack
 from engines.errors import EngineError, InvalidRequest, Overloaded
+from engines.greedy_head import CALIBRATION_TEXT, choose_greedy_head
 from engines.loading import LoadedModel, default_cache_dir, default_target_path, load_model
 from engines.profile import Profile, fit_cost
 from engines.profile_cache import cpu_profile
@@ -202,6 +203,8 @@ class BuiltinEngine:
             prof = cpu_profile(target.model, weights, t.pack_weights if may_pack(t) else False, t.threads,
                                t.bf16_matmuls, cache_dir if t.profile_cache else None, routes=t.matmul_routes)
             drafts.route_columns(prof.layers_upto, prof.head_upto)
+            target.model.greedy_head = choose_greedy_head(target.model, t.greedy_head,
+                                                          target.tokenizer(CALIBRATION_TEXT)["input_ids"])
         else:
             if t.threads:
                 torch.set_num_threads(t.threads)

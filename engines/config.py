@@ -47,6 +47,12 @@ class TargetConfig(_Strict):
     version), the models' shapes and dtype and the layout options, so that a restart with the same key
     skips measuring (~16 s on 2 cores for SmolLM2) (engines/profile_cache.py). The step-cost model keeps learning from
     every step either way. False: measure at every start."""
+    greedy_head: bool | Literal["auto"] = "auto"
+    """On CPU in float32, give greedy rows (temperature 0, which read only the argmax of their logits)
+    the head in two stages: an int8 screen with a proven error bound, then the candidates' logits exactly
+    (engines/greedy_head.py): the head is SmolLM2's largest weight, ~3 ms of a ~25 ms decode step. The
+    token is the argmax of exact float32 dot products whatever the row was batched with. "auto": time it
+    at start-up against the head as laid out and keep it where it wins. False: never."""
     bf16_matmuls: bool | Literal["auto"] = False
     """On CPU in float32, run the matmuls alone in bfloat16 (weights and their inputs rounded to it,
     products summed in float32; norms, attention and sampling stay float32). On an Intel Xeon with AMX

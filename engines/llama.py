@@ -15,7 +15,7 @@ Hk key/value heads, G = H // Hk, D head dim, E hidden size, V vocab.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -189,6 +189,8 @@ class LlamaModel:
         self.device = weights.embed.device  # the embedding stays dense: it is gathered, not multiplied
         self._rope_cache_len = 0
         self._cos = self._sin = None
+        # greedy rows' head in two stages (engines/greedy_head.py), where the start-up chose it
+        self.greedy_head: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
         return KVCache(len(self.layer_ids), batch, self.cfg.num_kv_heads, capacity,
@@ -213,13 +215,14 @@ class LlamaModel:
         return self.forward_many([(input_ids, cache, all_logits)])[0]
 
     @torch.inference_mode()
-    def forward_many(self, items: Sequence[tuple[torch.Tensor, KVCache, bool]],
-                     hidden: bool | tuple[int, ...] = False):
+    def forward_many(self, items: Sequence[tuple], hidden: bool | tuple[int, ...] = False):
         """One forward over several sequences, each with its own cache and its own
         number of new tokens (ragged: a decode step, a verification, a prefill chunk).
 
-        items: (inputs, cache, all_logits), inputs either token ids [T_i] or input
-        vectors [T_i, E] (a draft that builds its own inputs). Appends each
+        items: (inputs, cache, all_logits[, greedy]), inputs either token ids [T_i] or input
+        vectors [T_i, E] (a draft that builds its own inputs); `greedy` (default False):
+        only the argmax of this item's logits is read, so they may come from
+        `greedy_head` (exact at the argmax, -inf where a token cannot be it). Appends each
         sequence's keys and values after its valid prefix and advances it. The
         matmuls run once over all N = sum(T_i) tokens, so weights are read once per
         step; attention runs per sequence over its own cache. Returns logits
@@ -235,7 +238,7 @@ class LlamaModel:
         G = H // Hk
         manual = self.device.type == "cpu"  # see attend(): SDPA's dispatch outweighs decode-sized attention there
         spans, coss, sins = [], [], []
-        for ids, cache, _ in items:
+        for ids, cache, *_ in items:
             T = ids.shape[0]
             start = cache.lengths[0]
             end = start + T
@@ -288,22 +291,33 @@ class LlamaModel:
         for _, _, end, _, cache in spans:
             cache.lengths[0] = end
         # the head only where logits are wanted
-        rows, sizes, off = [], [], 0
-        for (T, *_), (_, _, want_all) in zip(spans, items):
+        rows, sizes, greedy, off = [], [], [], 0
+        for (T, *_), (_, _, want_all, *flag) in zip(spans, items):
             rows.append(torch.arange(off, off + T) if want_all else torch.tensor([off + T - 1]))
             sizes.append(T if want_all else 1)
+            greedy += [bool(flag and flag[0])] * sizes[-1]
             off += T
         sel = torch.cat(rows).to(self.device) if not (one and items[0][2]) else None
-        logits = self._logits(x if sel is None else x[sel])  # [sum sizes, V]
+        logits = self._logits(x if sel is None else x[sel], greedy)  # [sum sizes, V]
         logits = list(logits.split(sizes)) if not one else [logits]
         if hidden is False:
             return logits
         return logits, list(captured.split([t for t, *_ in spans]))
 
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Final states [N, E] -> float32 logits [N, V]: the last norm, then the head."""
-        return linear(F.rms_norm(x, (self.cfg.hidden_size,), self.weights.norm, self.cfg.rms_norm_eps),
-                      self.weights.lm_head).float()
+    def _logits(self, x: torch.Tensor, greedy: list[bool] | None = None) -> torch.Tensor:
+        """Final states [N, E] -> float32 logits [N, V]: the last norm, then the head
+        (greedy rows' through greedy_head where there is one)."""
+        x = F.rms_norm(x, (self.cfg.hidden_size,), self.weights.norm, self.cfg.rms_norm_eps)
+        if self.greedy_head is None or not greedy or not any(greedy):
+            return linear(x, self.weights.lm_head).float()
+        if all(greedy):
+            return self.greedy_head(x)
+        g = torch.tensor(greedy, device=x.device)
+        sampled = linear(x[~g], self.weights.lm_head).float()  # [N - greedy, V]
+        out = sampled.new_empty(x.shape[0], sampled.shape[1])
+        out[~g] = sampled
+        out[g] = self.greedy_head(x[g])
+        return out
 
     def _stack(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention,
                hidden: bool | tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:

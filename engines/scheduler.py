@@ -134,7 +134,7 @@ class Scheduler:
         if len(layers) > 1:
             raise ValueError(f"drafts reading different target layers in one engine: {sorted(layers)}")
         layer = layers.pop() if layers else None
-        lengths = [cache.lengths[0] for _, cache, _ in items]  # what a failed forward is rerun from
+        lengths = [it[1].lengths[0] for it in items]  # what a failed forward is rerun from
         try:
             outs, states = forward_rows(self.model, items, layer)
             batched = True
@@ -229,13 +229,15 @@ class Scheduler:
             est = torch.full((p.drafted,), p.row.acceptance.value)
         return budget.survival(est)
 
-    def _item(self, p: Plan) -> tuple[torch.Tensor, KVCache, bool]:
+    def _item(self, p: Plan) -> tuple[torch.Tensor, KVCache, bool, bool]:
+        """The row's forward_many item; a greedy row reads only the argmax of its logits."""
         r, device = p.row, self.model.device
+        greedy = r.sampling.temperature == 0
         if p.kind == "prefill":
-            return torch.tensor(r.tokens[r.prefilled:r.prefilled + p.take], device=device), r.cache, False
+            return torch.tensor(r.tokens[r.prefilled:r.prefilled + p.take], device=device), r.cache, False, greedy
         if p.kind == "verify":
-            return verification_input(r.tokens[-1], p.proposal.token_ids), r.cache, True
-        return torch.tensor([r.tokens[-1]], device=device), r.cache, False
+            return verification_input(r.tokens[-1], p.proposal.token_ids), r.cache, True, greedy
+        return torch.tensor([r.tokens[-1]], device=device), r.cache, False, greedy
 
     def _apply(self, p: Plan, logits: torch.Tensor, states: torch.Tensor | None, t0, t1, t2) -> None:
         r = p.row

@@ -296,7 +296,7 @@ def test_a_shared_forward_that_fails_is_rerun_in_halves_and_fails_only_its_culpr
 
     def bad_row(items, sched):
         bad = {id(r.cache) for r in sched.running if r.handle.request_id == "bad"}
-        return any(id(cache) in bad for _, cache, _ in items)
+        return any(id(cache) in bad for _, cache, *_ in items)
     culprit = dataclasses.replace(requests[0], request_id="bad")
     served = run_together(engine_whose_forward(bad_row), [requests[1], culprit, requests[2]], errors=True)
     assert isinstance(served[1], EngineError) and "internal error in request bad" in str(served[1])

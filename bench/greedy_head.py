@@ -1,0 +1,108 @@
+"""Greedy rows' head in two stages (engines/greedy_head.py), A/B in one process.
+
+The dev split's benchmark prompts (the first --per-category of each category)
+served alone and greedy under each arm, with the target's head as laid out and
+in two stages, alternating round by round (bench/routes.py::serve_alternated);
+the head's median time in the forwards of greedy rows, either way (cold in
+cache, as a step reads it); per arm the tokens per second after each request's
+first (prefill left out) as a two-stage/full ratio with a 95% bootstrap interval
+over the rounds; and the candidates the screen left a row on average. Then every prompt once more under
+each arm both ways: the greedy outputs must be the same token for token.
+
+    .venv/bin/python bench/greedy_head.py --rounds 6 --per-category 1
+"""
+
+from __future__ import annotations
+
+import argparse
+
+ARMS = ("plain", "ngram:8", "eagle:6", "ngram-eagle:8")
+
+
+def run(rounds: int, config: str | None, per_category: int, max_tokens: int, arms: list[str]) -> tuple[dict, str]:
+    import json
+    import time
+
+    import numpy as np
+
+    from bench import default_data_path
+    from bench.engine import pick_prompts
+    from bench.routes import serve_alternated
+    from engines.builtin import BuiltinEngine, drive_from_side_thread
+    from engines.config import load_engine_config
+    from engines.greedy_head import CALIBRATION_TEXT, calibrate
+
+    engine = BuiltinEngine.from_config(load_engine_config(config), start_worker=False)
+    model = engine.model
+    chosen = model.greedy_head is not None
+    head = model.greedy_head or calibrate(model, engine.tokenizer(CALIBRATION_TEXT)["input_ids"])[0]
+    rows = pick_prompts([json.loads(x) for x in default_data_path().read_text().splitlines() if x.strip()],
+                        per_category, None)
+
+    def switch(on: bool) -> None:
+        model.greedy_head = head if on else None
+
+    # the head's seconds in every target forward of a greedy row, by the head it ran (cold in cache, as served)
+    head_s: dict[bool, list[float]] = {False: [], True: []}
+    logits = model._logits
+
+    def timed(x, greedy=None):
+        t0 = time.perf_counter()
+        out = logits(x, greedy)
+        if greedy and any(greedy):
+            head_s[model.greedy_head is not None].append(time.perf_counter() - t0)
+        return out
+    model._logits = timed
+    def serve() -> dict:
+        out = serve_alternated(engine, rows, rounds, switch, arms, max_tokens)
+        return out | {"differ": {arm: differing(engine, rows, arm, max_tokens, switch) for arm in arms}}
+    out = drive_from_side_thread(engine, serve)  # the decode loop on this thread, as `specgate serve` runs it
+    screened = head.candidates / max(head.screens, 1)
+    out["head ms"] = {on: (len(v), float(np.median(v)) * 1e3) for on, v in head_s.items()}
+    return out, (
+        f"{len(rows)} prompts, {max_tokens} tokens each; the start-up chose the two stages: "
+        f"{'yes' if chosen else 'no'}; candidates a row: {screened:.1f} of {model.cfg.vocab_size}; "
+        + engine.profile.describe())
+
+
+def differing(engine, rows: list[dict], arm: str, max_tokens: int, switch) -> int:
+    """Prompts whose greedy output under `arm` differs between the full head and the two
+    stages (from a thread beside the decode loop's)."""
+    from engines.api import ChatMessage, GenerationRequest, SamplingParams
+    from engines.arms import Arm
+
+    def outputs(on: bool) -> list[tuple[int, ...]]:
+        switch(on)
+        return [tuple(engine.submit(GenerationRequest(
+            f"same-{arm}-{on}-{i}", SamplingParams(max_tokens=max_tokens, temperature=0.0),
+            messages=(ChatMessage("user", row["turns"][0]),), arm=Arm.parse(arm))).wait(600).token_ids)
+            for i, row in enumerate(rows)]
+    return sum(a != b for a, b in zip(outputs(False), outputs(True)))
+
+
+def main() -> int:
+    from bench import cpu_model
+    from bench.routes import print_alternated
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=6, help="rounds of each head, alternating (default: %(default)s)")
+    ap.add_argument("--config", help="engine config YAML (default: the built-in SmolLM2 config)")
+    ap.add_argument("--per-category", type=int, default=1, choices=(1, 2, 3),
+                    help="prompts per category (default: %(default)s)")
+    ap.add_argument("--max-tokens", type=int, default=96, help="tokens per answer (default: %(default)s)")
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), help="arms served (default: %(default)s)")
+    a = ap.parse_args()
+    if a.rounds < 2:
+        ap.error("--rounds must be at least 2")
+    res, about = run(a.rounds, a.config, a.per_category, a.max_tokens, a.arms)
+    differ, head = res.pop("differ"), res.pop("head ms")
+    print(f"machine: {cpu_model()}; {about}")
+    print(f"the head in a forward with greedy rows, median: full {head[False][1]:.2f} ms ({head[False][0]} forwards), "
+          f"two-stage {head[True][1]:.2f} ms ({head[True][0]})")
+    print_alternated({k: v for k, v in res.items() if k[1] == "decode tok/s"}, "full", "two-stage")
+    print("greedy outputs differing between the heads: " + ", ".join(f"{a} {n}" for a, n in differ.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
