@@ -6,8 +6,9 @@ in two stages, alternating round by round (bench/routes.py::serve_alternated);
 the head's median time in the forwards of greedy rows, either way (cold in
 cache, as a step reads it); per arm the tokens per second after each request's
 first (prefill left out) as a two-stage/full ratio with a 95% bootstrap interval
-over the rounds; and the candidates the screen left a row on average. Then every prompt once more under
-each arm both ways: the greedy outputs must be the same token for token.
+over the rounds; and the candidates the screen left a row on average. Then
+every prompt once more under each arm both ways: the greedy outputs must be the
+same token for token.
 
     .venv/bin/python bench/greedy_head.py --rounds 6 --per-category 1
 """
@@ -53,6 +54,7 @@ def run(rounds: int, config: str | None, per_category: int, max_tokens: int, arm
             head_s[model.greedy_head is not None].append(time.perf_counter() - t0)
         return out
     model._logits = timed
+
     def serve() -> dict:
         out = serve_alternated(engine, rows, rounds, switch, arms, max_tokens)
         return out | {"differ": {arm: differing(engine, rows, arm, max_tokens, switch) for arm in arms}}

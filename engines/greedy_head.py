@@ -101,9 +101,9 @@ class GreedyHead:
         return out
 
     @staticmethod
-    def supported(weight: torch.Tensor) -> bool:
-        """oneDNN's int8 matmul: float32 weights on the CPU, where torch has it."""
-        return (weight.device.type == "cpu" and weight.dtype == torch.float32
+    def supported(device: torch.device, dtype: torch.dtype) -> bool:
+        """oneDNN's int8 matmul: a float32 model on the CPU, where torch has it."""
+        return (device.type == "cpu" and dtype == torch.float32
                 and hasattr(torch.ops.onednn, "qlinear_pointwise") and torch.backends.mkldnn.is_available())
 
 
@@ -139,23 +139,22 @@ def choose_greedy_head(model, setting: bool | str, text_ids: list[int], rounds: 
     it runs one and four rows at least WIN times faster than the head as laid out
     (timed alternately on the last states of `text_ids`, which should read like a
     prompt); False: None."""
-    from engines.layouts import dense, linear
+    from engines.layouts import linear
+    from engines.profile import fastest_alternated
 
-    if not setting or not GreedyHead.supported(dense(model.weights.lm_head)):
+    if not setting or not GreedyHead.supported(model.device, model.dtype):
         return None
     t0 = time.perf_counter()
     head, states = calibrate(model, text_ids)
     if setting is True:
         return head
     xs = {n: states[-n:].contiguous() for n in (1, 4)}
-    best = [dict.fromkeys(xs, math.inf), dict.fromkeys(xs, math.inf)]  # as laid out, two-stage
-    for r in range(2 * rounds + 2):  # the first two: lazy initialisation, untimed
-        two = r % 2
-        for n, x in xs.items():
-            ta = time.perf_counter()
-            head(x) if two else linear(x, model.weights.lm_head)
-            if r >= 2:
-                best[two][n] = min(best[two][n], time.perf_counter() - ta)
+    two = [False]
+
+    def switch(on: bool) -> None:
+        two[0] = on
+    best = fastest_alternated(switch, lambda x: head(x) if two[0] else linear(x, model.weights.lm_head), xs,
+                              2 * rounds, model.device)  # as laid out, two-stage
     wins = all(best[1][n] * WIN <= best[0][n] for n in xs)
     log.info("greedy rows' head in two stages (int8 screen, exact candidates): %s; 1 row %.2f against %.2f ms, "
              "4 rows %.2f against %.2f ms (%.1f s)", "on" if wins else "off", best[1][1] * 1e3, best[0][1] * 1e3,

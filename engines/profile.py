@@ -285,20 +285,32 @@ def choose_head(model: LlamaModel, rounds: int = 8) -> tuple[int, dict[int, tupl
     route_columns(w, layers, HEAD_TRIALS[-1])
     head, g = w.lm_head, torch.Generator().manual_seed(0)
     xs = {m: torch.randn(m, model.cfg.hidden_size, generator=g).to(model.device, model.dtype) for m in HEAD_TRIALS}
-    best: list[dict[int, float]] = [{}, {}]  # as laid out, as W @ xᵀ
-    for r in range(rounds + 2):  # the first two: lazy initialisation, untimed
-        column = r % 2
+
+    def switch(column: bool) -> None:
         head.upto = HEAD_TRIALS[-1] if column else 0
-        for m, x in xs.items():
-            t0 = time.perf_counter()
-            linear(x, head)
-            wait_for(model.device)
-            if r >= 2:
-                best[column][m] = min(best[column].get(m, math.inf), time.perf_counter() - t0)
-    times = {m: (best[0][m], best[1][m]) for m in HEAD_TRIALS}
+    laid, columns = fastest_alternated(switch, lambda x: linear(x, head), xs, rounds, model.device)
+    times = {m: (laid[m], columns[m]) for m in HEAD_TRIALS}
     upto = upto_where_faster(times)
     route_columns(w, layers, upto)
     return upto, times
+
+
+def fastest_alternated(switch, run, xs: dict[int, torch.Tensor], rounds: int,
+                       device: torch.device) -> tuple[dict[int, float], dict[int, float]]:
+    """Each input's fastest `run(x)` with `switch(False)` and `switch(True)`, alternated
+    round by round for `rounds` rounds after two untimed ones (lazy initialisation):
+    a machine drifting meanwhile moves both alike. Keyed as `xs` (rows)."""
+    best: tuple[dict[int, float], dict[int, float]] = (dict.fromkeys(xs, math.inf), dict.fromkeys(xs, math.inf))
+    for r in range(rounds + 2):
+        on = r % 2 == 1
+        switch(on)
+        for n, x in xs.items():
+            t0 = time.perf_counter()
+            run(x)
+            wait_for(device)
+            if r >= 2:
+                best[on][n] = min(best[on][n], time.perf_counter() - t0)
+    return best
 
 
 def upto_where_faster(times: dict[int, tuple[float, float]], margin: float = ROUTE_MARGIN) -> int:
