@@ -3,8 +3,9 @@ them: SmolLM2's 30 layers' weights (qkv, o, gate_up, down; random values, the
 real shapes) cycled in order, so each is read from memory as in a decode step
 (one weight timed over and over stays in cache, where the kernels rank
 otherwise). Per row count: oneDNN-packed weights (x @ Wᵀ), dense BLAS x @ Wᵀ
-(F.linear) and W @ xᵀ (a lone row fed as two: engines/layouts.py, Columns),
-alternated, each its fastest of `--rounds`.
+(F.linear), W @ xᵀ by MKL (a lone row fed as two: engines/layouts.py, Columns)
+and by the panels kernel (engines/panels.py, where it builds), alternated, each
+its fastest of `--rounds`.
 
     .venv/bin/python bench/matmuls.py
 """
@@ -15,7 +16,7 @@ import argparse
 import time
 
 SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # SmolLM2-135M: qkv, o, gate_up, down [out, in]
-KINDS = ("oneDNN x @ Wᵀ", "BLAS x @ Wᵀ", "W @ xᵀ")
+KINDS = ("oneDNN x @ Wᵀ", "BLAS x @ Wᵀ", "W @ xᵀ", "panels W @ xᵀ")
 
 
 def run(rows: tuple[int, ...], layers: int, rounds: int, threads: int) -> dict[int, dict[str, float]]:
@@ -23,19 +24,26 @@ def run(rows: tuple[int, ...], layers: int, rounds: int, threads: int) -> dict[i
     import torch
     import torch.nn.functional as F
 
+    from engines.panels import Panel, kernel
+
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(0)
     dense = [[torch.randn(o, i, generator=g) for o, i in SHAPES] for _ in range(layers)]
     packed = [[w.to_mkldnn() for w in ws] for ws in dense]
+    k = kernel()
+    panels = [[Panel(w, k) for w in ws] for ws in dense] if k else None
+    kinds = KINDS if k else KINDS[:3]
 
     def one_pass(kind: str, m: int) -> float:
         xs = {i: torch.randn(m, i, generator=g) for i in {i for _, i in SHAPES}}
         cols = {i: x if m > 1 else x.expand(2, -1).contiguous() for i, x in xs.items()}
         t0 = time.perf_counter()
-        for ws, ps in zip(dense, packed):
-            for w, p in zip(ws, ps):
+        for ws, ps, qs in zip(dense, packed, panels or packed):
+            for w, p, q in zip(ws, ps, qs):
                 i = w.shape[1]
-                if kind == KINDS[0]:
+                if kind == KINDS[3]:
+                    q(xs[i])
+                elif kind == KINDS[0]:
                     torch.ops.mkldnn._linear_pointwise(xs[i], p, None, "none", [], "")
                 elif kind == KINDS[1]:
                     F.linear(xs[i], w)
@@ -45,12 +53,12 @@ def run(rows: tuple[int, ...], layers: int, rounds: int, threads: int) -> dict[i
 
     out = {}
     for m in rows:
-        best = {k: float("inf") for k in KINDS}
+        best = {k: float("inf") for k in kinds}
         for r in range(rounds + 1):  # the first: warm-up, untimed
-            for k in (KINDS if r % 2 == 0 else KINDS[::-1]):
-                s = one_pass(k, m)
+            for kind in (kinds if r % 2 == 0 else kinds[::-1]):
+                s = one_pass(kind, m)
                 if r:
-                    best[k] = min(best[k], s)
+                    best[kind] = min(best[kind], s)
         out[m] = best
     return out
 
@@ -67,9 +75,11 @@ def main() -> int:
     if min(a.rows) < 1 or a.layers < 1 or a.rounds < 1 or a.threads < 1:
         ap.error("--rows, --layers, --rounds and --threads must be positive")
     print(f"machine: {cpu_model()}; {a.layers} layers of SmolLM2's matmuls, {a.threads} threads, ms per pass")
-    print("rows  " + "  ".join(f"{k:>14s}" for k in KINDS))
-    for m, best in run(tuple(a.rows), a.layers, a.rounds, a.threads).items():
-        print(f"{m:4d}  " + "  ".join(f"{best[k] * 1e3:14.2f}" for k in KINDS))
+    res = run(tuple(a.rows), a.layers, a.rounds, a.threads)
+    kinds = list(next(iter(res.values())))
+    print("rows  " + "  ".join(f"{k:>14s}" for k in kinds))
+    for m, best in res.items():
+        print(f"{m:4d}  " + "  ".join(f"{best[k] * 1e3:14.2f}" for k in kinds))
     return 0
 
 

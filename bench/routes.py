@@ -43,9 +43,9 @@ def run(rounds: int, layers: int | None, head: int | None,
     times: dict[tuple[int, int], list[list[float]]] = {(0, 0): [], routes: []}
     for r in range(rounds):
         for u in (((0, 0), routes) if r % 2 == 0 else (routes, (0, 0))):
-            route_columns(model.weights, *u)
+            route_columns(model.weights, *u, panels=prof.panels)
             times[u].append(fastest_steps(model, shapes, repeats=3))
-    route_columns(model.weights, prof.layers_upto, prof.head_upto)
+    route_columns(model.weights, prof.layers_upto, prof.head_upto, prof.panels)
     engine.close()
     a, b = np.array(times[(0, 0)]), np.array(times[routes])  # [rounds, shapes]
     out = {name: (float(np.median(a[:, i])) * 1e3, float(np.median(b[:, i])) * 1e3, list(b[:, i] / a[:, i]))
@@ -76,10 +76,11 @@ def run_drafts(rounds: int, config: str | None, per_category: int, max_tokens: i
                         per_category, None)
     arms = [f"{name}:{gamma}/fixed" for name in eagles for gamma in (1, 3)]
     try:
-        out = alternated(engine, rows, rounds, lambda routed: own.route_columns(*(routes if routed else (0, 0))),
+        out = alternated(engine, rows, rounds,
+                         lambda routed: own.route_columns(*(routes if routed else (0, 0)), prof.panels),
                          arms, max_tokens)
     finally:
-        own.route_columns(*routes)
+        own.route_columns(*routes, prof.panels)
         engine.close()
     return out, (f"{len(rows)} prompts, {max_tokens} tokens each; drafts routed as the target: the layers up to "
                  f"{prof.layers_upto} tokens, the head up to {prof.head_upto} rows; " + prof.describe())

@@ -202,7 +202,7 @@ class BuiltinEngine:
             weights = [target.model.weights] + drafts.weights
             prof = cpu_profile(target.model, weights, t.pack_weights if may_pack(t) else False, t.threads,
                                t.bf16_matmuls, cache_dir if t.profile_cache else None, routes=t.matmul_routes)
-            drafts.route_columns(prof.layers_upto, prof.head_upto)
+            drafts.route_columns(prof.layers_upto, prof.head_upto, prof.panels)
             target.model.greedy_head = choose_greedy_head(target.model, t.greedy_head,
                                                           target.tokenizer(CALIBRATION_TEXT)["input_ids"])
         else:

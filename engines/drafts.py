@@ -47,15 +47,15 @@ class Drafts:
     weights: list[LlamaWeights] = field(default_factory=list)  # laid out like the target's (CPU packing)
     eagles: list[EagleDraft] = field(default_factory=list)
 
-    def route_columns(self, layers: int, head: int) -> None:
+    def route_columns(self, layers: int, head: int, panels: bool = False) -> None:
         """Route the drafts' own matmuls as the start-up profile routed the target's
         (layouts.route_columns): the same kernels, on weights as cold in cache
         between two target forwards. Drafts sharing the target's weights are
         routed with them."""
         for w in self.weights:
-            route_columns(w, layers, head)
+            route_columns(w, layers, head, panels)
         for e in self.eagles:
-            e.route_inputs(layers)
+            e.route_inputs(layers, panels)
 
 
 def _hybrid(d: HybridDraftConfig, lookup: NgramDraftConfig, model: ProposerFactory, device: str) -> ProposerFactory:

@@ -42,7 +42,11 @@ path) against oneDNN's 20.8, 2 rows 12.3 against 21.7, 5 rows 24.1 against
 where the layout is not dense (a dense layout, and a head tied to the
 embedding, use the weight itself). Drafts with weights of their own take the
 target's bounds (Drafts.route_columns): the same kernels, on weights as cold in
-cache between two target forwards.
+cache between two target forwards. Where it builds and the start-up profile
+times it faster, the route runs the panels kernel instead of MKL
+(engines/panels.py: a copy of the weight laid out as one stream, read as fast
+for 4 rows as MKL reads it for 1, and the same bits for a row whatever rows
+are fed with it).
 
 A row's result does not depend on the layout beyond float rounding (the same
 kind of difference as between BLAS kernels for different row counts).
@@ -54,6 +58,8 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+from engines.panels import Panel, kernel
 
 if TYPE_CHECKING:
     from engines.llama import LlamaWeights
@@ -94,18 +100,23 @@ class Bf16:
 
 
 class Columns:
-    """A weight in the layout `w`, run as W @ xᵀ over its dense form `dense_w` for
-    forwards of up to `upto` rows (0: never, the copy kept) and as laid out
-    beyond. Results come back as a transposed view: [rows, out], not contiguous
-    (what reads them reads rows)."""
+    """A weight in the layout `w`, run as W @ xᵀ for forwards of up to `upto` rows
+    (0: never, the copies kept) and as laid out beyond: over its dense form
+    `dense_w` by MKL, or, where it has a `panel` and `on_panels` is set, by the
+    panels kernel (engines/panels.py). MKL's results come back as a transposed
+    view: [rows, out], not contiguous (what reads them reads rows)."""
 
-    def __init__(self, w, upto: int, dense_w: torch.Tensor):
-        self.w, self.dense, self.upto = w, dense_w, upto
+    def __init__(self, w, upto: int, dense_w: torch.Tensor, panel: Panel | None = None):
+        self.w, self.dense, self.upto, self.panel = w, dense_w, upto, panel
+        self.on_panels = panel is not None
 
     def __call__(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         m = x.shape[0]
         if m > self.upto:
             return linear(x, self.w, b)
+        if self.on_panels:
+            y = self.panel(x)  # [m, out]
+            return y if b is None else y + b
         # contiguous rows: MKL takes their transpose as a column-major operand (strided ones ran slower);
         # a lone row goes as two, else BLAS takes its matrix-vector path (2.6x slower for SmolLM2's head)
         cols = x.contiguous() if m > 1 else x.expand(2, -1).contiguous()  # [max(m, 2), in]
@@ -113,14 +124,15 @@ class Columns:
         return y if b is None else y + b
 
 
-def route_columns(weights: LlamaWeights, layers: int, head: int) -> None:
+def route_columns(weights: LlamaWeights, layers: int, head: int, panels: bool = False) -> None:
     """Run the layers' matmuls as W @ xᵀ for forwards of up to `layers` rows and the
-    head for up to `head` (0: as laid out, the dense copy dropped). Laying the
+    head for up to `head` (0: as laid out, the copies dropped), by the panels kernel
+    where `panels` (and it was built and fits the weight), else by MKL. Laying the
     weights out again (LAYOUTS, pack_rows: to_dense first) drops the routes."""
     for lw in weights.layers:
         for name in MATMULS:
-            setattr(lw, name, route_matmul(getattr(lw, name), layers))
-    weights.lm_head = route_matmul(weights.lm_head, head, tied=weights.embed)
+            setattr(lw, name, route_matmul(getattr(lw, name), layers, panels=panels))
+    weights.lm_head = route_matmul(weights.lm_head, head, tied=weights.embed, panels=panels)
 
 
 def routed(weights: LlamaWeights) -> list[Columns]:
@@ -128,20 +140,26 @@ def routed(weights: LlamaWeights) -> list[Columns]:
     return [w for lw in weights.layers for w in (getattr(lw, n) for n in MATMULS) if isinstance(w, Columns)]
 
 
-def route_matmul(w, upto: int, tied: torch.Tensor | None = None):
+def route_matmul(w, upto: int, tied: torch.Tensor | None = None, panels: bool = False):
     """One weight run as W @ xᵀ for forwards of up to `upto` rows (0: as laid out);
-    `tied`: the tensor a dense copy may be instead of a copy."""
+    `tied`: the tensor a dense copy may be instead of a copy; `panels`: by the
+    panels kernel, given a copy in panels (made once, kept while routed)."""
     if isinstance(w, Columns):
-        if upto:
-            w.upto = upto
-            return w
-        return w.w
-    if not upto:
+        if not upto:
+            return w.w
+        w.upto = upto
+    elif not upto:
         return w
-    d = dense(w)
-    if tied is not None and d is not tied and d.shape == tied.shape and torch.equal(d, tied):
-        d = tied  # the embedding, not a copy of it
-    return Columns(w, upto, d)
+    else:
+        d = dense(w)
+        if tied is not None and d is not tied and d.shape == tied.shape and torch.equal(d, tied):
+            d = tied  # the embedding, not a copy of it
+        w = Columns(w, upto, d)
+    k = kernel() if panels else None
+    if k is not None and w.panel is None and k.fits(w.dense):
+        w.panel = Panel(w.dense, k)
+    w.on_panels = panels and w.panel is not None
+    return w
 
 
 def unrouted(w):

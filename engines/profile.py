@@ -9,9 +9,10 @@ another it loses 1.4-1.6x, and there bfloat16 matmuls cost the same for 1 to
 16 rows). With dense weights, time forwards of several tokens with and without
 a copy of the weights MKL packed (engines/layouts.py), from how many tokens
 it wins, and keep it from there. Time the target's forwards with its layers'
-matmuls as laid out and as W @ xᵀ (engines/layouts.py: Columns) for 1 to 8
-tokens, then its head alone both ways for 1 to 32 rows, and run each as W @ xᵀ
-up to the rows where that stops winning by 3%. Then time
+matmuls as laid out and as W @ xᵀ (engines/layouts.py: Columns) by MKL and by
+the panels kernel (engines/panels.py) for 1 to 16 tokens, keep the faster
+kernel, then time its head alone both ways for 1 to 32 rows, and run each as
+W @ xᵀ up to the rows where that stops winning by 3%. Then time
 forwards of a few batch shapes to fit the step-cost model the verification
 budget uses (engines/budget.py); the scheduler keeps
 refitting it from every step it runs.
@@ -53,7 +54,7 @@ PROBE = [[(1, False)], [(LONE_TOKENS, True)], [(1, False)] * 16]
 HEAD_TRIALS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 24, 32)
 # the tokens of the lone forwards the layers' matmuls are timed at as laid out and as W @ xᵀ (whole forwards:
 # a weight alone stays in cache, where the forward streams every weight from memory)
-LAYER_TRIALS = (1, 2, 3, 4, 5, 6, 8)
+LAYER_TRIALS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16)
 # a route as W @ xᵀ is taken where it runs at most this fraction of the layout's time: where the two are
 # within noise (6-8 tokens on an AMD EPYC: 43-55 ms either way, by the round), the layout's kernels stay
 ROUTE_MARGIN = 0.97
@@ -72,6 +73,8 @@ class Profile:
     layers_s: dict[int, tuple[float, float]] = field(default_factory=dict)  # tokens -> (as laid out, W @ xᵀ) forward
     head_upto: int = 0  # the head runs as W @ xᵀ for forwards of up to this many rows (0: never)
     head_s: dict[int, tuple[float, float]] = field(default_factory=dict)  # rows -> (its layout, W @ xᵀ) head
+    panels: bool = False  # the routes run the panels kernel (engines/panels.py), not MKL
+    panels_s: dict[int, tuple[float, float]] = field(default_factory=dict)  # tokens -> (MKL, panels) forward
 
     def describe(self) -> str:
         others = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in sorted(self.step_s.items()))
@@ -81,7 +84,7 @@ class Profile:
                        f"{self.pack_s[LONE_TOKENS][0] * 1e3:.1f})")
         # nothing timed (others empty): not a CPU
         layouts = (f" (a decode step, a lone row feeding {LONE_TOKENS} tokens and 16 rows decoding: {others}); "
-                   f"MKL-packed copies: {packs or 'none'}; as W @ xᵀ: the layers "
+                   f"MKL-packed copies: {packs or 'none'}; as W @ xᵀ{self._kernel()}: the layers "
                    f"{self._route(self.layers_upto, self.layers_s, 'tokens')}, the head "
                    f"{self._route(self.head_upto, self.head_s, 'rows')}") if others else ""
         return (f"{self.threads} threads, {LAYOUT_NAMES[self.layout]} weights{layouts}; "
@@ -100,7 +103,8 @@ class Profile:
         return dict(threads=self.threads, layout=self.layout, step_s=self.step_s, cost=self.cost.to_dict(),
                     packed_from=self.packed_from, pack_s={str(n): list(v) for n, v in self.pack_s.items()},
                     layers_upto=self.layers_upto, layers_s={str(n): list(v) for n, v in self.layers_s.items()},
-                    head_upto=self.head_upto, head_s={str(n): list(v) for n, v in self.head_s.items()})
+                    head_upto=self.head_upto, head_s={str(n): list(v) for n, v in self.head_s.items()},
+                    panels=self.panels, panels_s={str(n): list(v) for n, v in self.panels_s.items()})
 
     @staticmethod
     def from_dict(d: dict) -> Profile:
@@ -109,12 +113,14 @@ class Profile:
             return {int(n): (float(v[0]), float(v[1])) for n, v in dict(m).items()}
         prof = Profile(int(d["threads"]), str(d["layout"]), {str(k): float(v) for k, v in dict(d["step_s"]).items()},
                        StepCost.from_dict(d["cost"]), d["packed_from"], pairs(d["pack_s"]), int(d["layers_upto"]),
-                       pairs(d["layers_s"]), int(d["head_upto"]), pairs(d["head_s"]))
+                       pairs(d["layers_s"]), int(d["head_upto"]), pairs(d["head_s"]), bool(d["panels"]),
+                       pairs(d["panels_s"]))
         packs, layers, head = prof.packed_from, prof.layers_upto, prof.head_upto
         holds = (prof.threads >= 1 and prof.layout in LAYOUTS and packs == prof.cost.packed_from
                  and layers == prof.cost.columns_upto
                  and (packs is None or (prof.layout == "dense" and {packs, LONE_TOKENS} <= set(prof.pack_s)))
                  and (layers == 0 or layers in prof.layers_s) and (head == 0 or head in prof.head_s)
+                 and (not prof.panels or bool(prof.panels_s))
                  and sorted(prof.cost.lone) == list(range(1, LONE_TOKENS + 1)) and prof.choice in prof.step_s
                  and all(math.isfinite(v) and v > 0 and combination(k)[1] in LAYOUTS for k, v in prof.step_s.items()))
         if not holds:
@@ -127,6 +133,14 @@ class Profile:
             return "never"
         two = f"; 2: {times[2][1] * 1e3:.1f} against {times[2][0] * 1e3:.1f} ms" if 2 in times and upto > 2 else ""
         return f"up to {upto} {unit} ({upto}: {times[upto][1] * 1e3:.1f} against {times[upto][0] * 1e3:.1f} ms{two})"
+
+    def _kernel(self) -> str:
+        if not self.panels_s:
+            return " by MKL"
+        n = max(t for t in self.panels_s if t <= max(self.layers_upto, 4))  # where the two differ most
+        mkl, panels = self.panels_s[n]
+        return (f" by {'panels' if self.panels else 'MKL'} ({n} tokens: panels {panels * 1e3:.1f} against MKL "
+                f"{mkl * 1e3:.1f} ms)")
 
     def _packs_cost(self) -> str:
         return (f" + {self.cost.g * 1e3:.1f} ms packed" if self.packed_from else "") + (
@@ -250,29 +264,39 @@ def choose_layout(model: LlamaModel, weights: list[LlamaWeights], pack: bool | s
     if best_layout == "dense" and pack == "auto" and can_pack_rows(model.dtype):
         prof.packed_from, prof.pack_s = choose_packed_from(model, weights)
     if routes:
-        prof.layers_upto, prof.layers_s = choose_layer_route(model)
+        prof.layers_upto, prof.layers_s, prof.panels, prof.panels_s = choose_layer_route(model)
         prof.head_upto, prof.head_s = choose_head(model)
     prof.cost = fit_cost(model, prof.packed_from, prof.layers_upto)
     return prof
 
 
-def choose_layer_route(model: LlamaModel, rounds: int = 3) -> tuple[int, dict[int, tuple[float, float]]]:
+def choose_layer_route(model: LlamaModel, rounds: int = 3) -> tuple[int, dict, bool, dict]:
     """Time lone forwards of LAYER_TRIALS tokens with the target's layer matmuls as
-    laid out and as W @ xᵀ (alternated round by round, each kept at its fastest),
-    and leave them running as W @ xᵀ up to the most tokens below which that won by
-    ROUTE_MARGIN at every size timed (0: never, the dense copies dropped). Drafts
-    sharing the target's weights share the route."""
+    laid out, as W @ xᵀ by MKL and, where it builds, by the panels kernel
+    (engines/panels.py), the three alternated round by round and each kept at its
+    fastest. Keep the kernel that took less over all the sizes, and leave the
+    matmuls running as W @ xᵀ by it up to the most tokens below which that won
+    by ROUTE_MARGIN at every size timed (0: never, the copies dropped). Drafts
+    sharing the target's weights share the route. Gives (tokens up to, tokens ->
+    (as laid out, routed) seconds, whether panels, tokens -> (MKL, panels))."""
     w = model.weights
-    route_columns(w, LAYER_TRIALS[-1], 0)
+    route_columns(w, LAYER_TRIALS[-1], 0, panels=True)
+    modes = ("laid out", "MKL") + (("panels",) if any(c.panel is not None for c in routed(w)) else ())
 
-    def switch(column: bool) -> None:
+    def switch(mode: str) -> None:
         for c in routed(w):
-            c.upto = LAYER_TRIALS[-1] if column else 0
-    laid, columns = _alternated(model, {n: [(n, n > 1)] for n in LAYER_TRIALS}, switch, rounds, repeats=1)
-    times = {n: (laid[n], columns[n]) for n in LAYER_TRIALS}
+            c.upto = 0 if mode == "laid out" else LAYER_TRIALS[-1]
+            c.on_panels = mode == "panels" and c.panel is not None
+    best = _alternated(model, {n: [(n, n > 1)] for n in LAYER_TRIALS}, switch, rounds, repeats=1, modes=modes)
+    panels = "panels" in best and sum(best["panels"].values()) < sum(best["MKL"].values())
+    route = best["panels" if panels else "MKL"]
+    times = {n: (best["laid out"][n], route[n]) for n in LAYER_TRIALS}
     upto = upto_where_faster(times)
-    route_columns(w, upto, 0)
-    return upto, times
+    if not panels:
+        route_columns(w, 0, 0)  # the copies in panels dropped
+    route_columns(w, upto, 0, panels=panels)
+    return upto, times, panels, ({n: (best["MKL"][n], best["panels"][n]) for n in LAYER_TRIALS}
+                                 if "panels" in best else {})
 
 
 def choose_head(model: LlamaModel, rounds: int = 8) -> tuple[int, dict[int, tuple[float, float]]]:
@@ -282,7 +306,8 @@ def choose_head(model: LlamaModel, rounds: int = 8) -> tuple[int, dict[int, tupl
     size timed (0: never). Drafts sharing the target's weights share its head."""
     w = model.weights
     layers = max((c.upto for c in routed(w)), default=0)
-    route_columns(w, layers, HEAD_TRIALS[-1])
+    panels = any(c.on_panels for c in routed(w))  # the kernel the layers' route chose
+    route_columns(w, layers, HEAD_TRIALS[-1], panels=panels)
     head, g = w.lm_head, torch.Generator().manual_seed(0)
     xs = {m: torch.randn(m, model.cfg.hidden_size, generator=g).to(model.device, model.dtype) for m in HEAD_TRIALS}
 
@@ -291,7 +316,7 @@ def choose_head(model: LlamaModel, rounds: int = 8) -> tuple[int, dict[int, tupl
     laid, columns = fastest_alternated(switch, lambda x: linear(x, head), xs, rounds, model.device)
     times = {m: (laid[m], columns[m]) for m in HEAD_TRIALS}
     upto = upto_where_faster(times)
-    route_columns(w, layers, upto)
+    route_columns(w, layers, upto, panels=panels)
     return upto, times
 
 
@@ -325,16 +350,16 @@ def upto_where_faster(times: dict[int, tuple[float, float]], margin: float = ROU
 
 
 def _alternated(model: LlamaModel, feeds: dict[int, list[tuple[int, bool]]], switch, rounds: int,
-                repeats: int) -> tuple[dict[int, float], dict[int, float]]:
-    """Each feed's lone forward (its fastest_steps) in two modes, `switch(False)` and
-    `switch(True)` alternated round by round for `rounds` each, each kept at its
-    fastest: a machine drifting meanwhile moves both alike."""
-    best: tuple[dict[int, float], dict[int, float]] = ({}, {})
-    for r in range(2 * rounds):
-        on = r % 2 == 1
-        switch(on)
-        for n, t in zip(feeds, fastest_steps(model, list(feeds.values()), repeats=repeats)):
-            best[on][n] = min(best[on].get(n, t), t)
+                repeats: int, modes: tuple = (False, True)) -> dict:
+    """Each feed's lone forward (its fastest_steps) in every mode, `switch(mode)` cycling
+    through `modes` (in turn reversed) for `rounds` each, each kept at its fastest: a
+    machine drifting meanwhile moves them alike. Gives mode -> feed -> seconds."""
+    best: dict = {m: {} for m in modes}
+    for r in range(rounds):
+        for mode in (modes if r % 2 == 0 else modes[::-1]):
+            switch(mode)
+            for n, t in zip(feeds, fastest_steps(model, list(feeds.values()), repeats=repeats)):
+                best[mode][n] = min(best[mode].get(n, t), t)
     return best
 
 
@@ -353,7 +378,8 @@ def choose_packed_from(model: LlamaModel, weights: list[LlamaWeights]) -> tuple[
         def switch(packed: bool) -> None:
             for w in weights:
                 route_rows(w, 1 if packed else None)
-        dense_s, packed_s = _alternated(model, {n: [(n, True)] for n in PACK_TRIALS}, switch, rounds=2, repeats=3)
+        timed = _alternated(model, {n: [(n, True)] for n in PACK_TRIALS}, switch, rounds=2, repeats=3)
+        dense_s, packed_s = timed[False], timed[True]
     else:
         log.warning("MKL-packed weights disagree with dense ones: not used")
     won = [n for n in PACK_TRIALS if all(dense_s[k] > packed_s[k] for k in PACK_TRIALS if k >= n)] if packed_s else []

@@ -33,11 +33,12 @@ import torch
 
 from engines.layouts import LAYOUTS, pack_rows, packs_agree, route_columns
 from engines.llama import LlamaModel, LlamaWeights
+from engines.panels import kernel
 from engines.profile import Profile, choose_layout, combination, layouts_to_try, probe_s
 
 log = logging.getLogger(__name__)
 
-FORMAT = "specgate.profile.v2"  # v2: the routes as W @ xᵀ and the step cost's jump off them (h)
+FORMAT = "specgate.profile.v3"  # v2: the routes as W @ xᵀ and the step cost's jump off them (h); v3: their kernel
 DRIFT = 1.3  # a kept profile is taken while its probe forwards now run within this factor of its figure
 RIVAL = 1.1  # ... and while its runner-up does not now run them this much faster
 _CPU_FIELDS = ("vendor_id", "cpu family", "model", "model name", "stepping", "flags")
@@ -107,7 +108,8 @@ def recall(path: Path, key: str, model: LlamaModel, weights: list[LlamaWeights],
     except (OSError, ValueError, TypeError, KeyError, AttributeError, OverflowError) as e:
         log.warning("start-up profile %s not used (%s): measuring again", path, e)
         return None
-    why = why_stale(prof, model, weights, drift, rival)
+    why = "its routes run the panels kernel, which did not build here" if prof.panels and kernel() is None else None
+    why = why or why_stale(prof, model, weights, drift, rival)
     if why is None and prof.packed_from is not None and not all(packs_agree(w) for w in weights):
         why = "its MKL-packed weights disagree with dense ones"
     if why is not None:
@@ -147,7 +149,7 @@ def why_stale(prof: Profile, model: LlamaModel, weights: list[LlamaWeights], dri
     if prof.packed_from is not None:
         for w in weights:
             pack_rows(w, prof.packed_from)
-    route_columns(model.weights, prof.layers_upto, prof.head_upto)
+    route_columns(model.weights, prof.layers_upto, prof.head_upto, prof.panels)
     torch.set_num_threads(prof.threads)
     log.info("start-up profile check: %s %.1f ms (kept %.1f)%s", prof.choice, now * 1e3,
              prof.step_s[prof.choice] * 1e3, f"; runner-up {second} {theirs * 1e3:.1f} ms" if second else "")

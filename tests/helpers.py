@@ -51,9 +51,9 @@ def lean_from_hf(hf_model, dtype=torch.float64) -> LlamaModel:
     return LlamaModel(cfg, weights)
 
 
-def tiny_loaded(seed=0, scale=1.0, words=WORDS, **kw) -> LoadedModel:
+def tiny_loaded(seed=0, scale=1.0, words=WORDS, dtype=torch.float64, **kw) -> LoadedModel:
     hf = tiny_hf_model(vocab=len(words), seed=seed, scale=scale, **kw)
-    return LoadedModel(lean_from_hf(hf), tiny_tokenizer(words), hf.config, "tiny")
+    return LoadedModel(lean_from_hf(hf, dtype), tiny_tokenizer(words), hf.config, "tiny")
 
 
 # ----------------------------------------------------------------------------- engine runs

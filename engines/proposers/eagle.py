@@ -58,10 +58,11 @@ class EagleDraft:
         self.vocab_size = target.cfg.vocab_size
         self.context = context  # the most prompt positions it reads (None: all)
 
-    def route_inputs(self, upto: int) -> None:
+    def route_inputs(self, upto: int, panels: bool = False) -> None:
         """Run the two matmuls before its layer (fc, reduce) as W @ xᵀ for forwards
         of up to `upto` rows, as its layer's (Drafts.route_columns routes those)."""
-        self.fc, self.reduce = route_matmul(self.fc, upto), route_matmul(self.reduce, upto)
+        self.fc = route_matmul(self.fc, upto, panels=panels)
+        self.reduce = route_matmul(self.reduce, upto, panels=panels)
 
     def reduced(self, states: torch.Tensor) -> torch.Tensor:
         """The target's states [T, levels · E] -> one vector [T, E]."""

@@ -85,18 +85,20 @@ def test_greedy_output_with_the_eagle_draft_is_plain_output():
                            [[5, 6, 7, 5, 6], [9, 3, 12, 30, 2, 2, 8], [20], [33, 34, 33, 34]], (1, 3, 6))
 
 
-def test_an_eagle_draft_routed_as_w_x_transposed_drafts_what_it_did():
+@pytest.mark.parametrize("panels", [False, True])
+def test_an_eagle_draft_routed_as_w_x_transposed_drafts_what_it_did(panels):
     """Drafts.route_columns: the draft's layer, head and the matmuls before its
     layer run as W @ xᵀ for forwards of a few rows (layouts.Columns), as the
     target's do; greedy, it drafts and accepts exactly what the unrouted draft
     did, alone (one row) and batched (rows beyond the routes), and the output is
     plain's."""
-    target = lean_from_hf(tiny_hf_model(seed=0, scale=4.0))
+    target = lean_from_hf(tiny_hf_model(seed=0, scale=4.0), torch.float32 if panels else torch.float64)
     ids = torch.arange(2, 30)
     before, draft = eagle_for(target, ids), eagle_for(target, ids)
-    Drafts({}, [draft.model.weights], [draft]).route_columns(3, 2)
+    Drafts({}, [draft.model.weights], [draft]).route_columns(3, 2, panels)  # the panels take float32 weights
     w = draft.model.weights
-    assert all(isinstance(m, Columns) for m in (draft.fc, draft.reduce, w.lm_head, w.layers[0].qkv, w.layers[0].down))
+    assert all(isinstance(m, Columns) and m.on_panels == panels
+               for m in (draft.fc, draft.reduce, w.lm_head, w.layers[0].qkv, w.layers[0].down))
     assert not isinstance(target.weights.lm_head, Columns)  # the target's are the profile's to route
     prompts = [[5, 6, 7, 5, 6], [9, 3, 12, 30, 2, 2, 8], [20], [33, 34, 33, 34]]
     for batch in [[p] for p in prompts] + [prompts]:

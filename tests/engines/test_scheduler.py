@@ -4,6 +4,7 @@ prefills are chunked, and forward_many equals separate forwards."""
 
 import dataclasses
 
+import pytest
 import torch
 
 from engines.api import SamplingParams
@@ -29,8 +30,8 @@ CONFIG = EngineConfig(target=TargetConfig(max_context=128), drafts=[NgramDraftCo
                       max_queue=64, max_batch=16, prefill_chunk=16)
 
 
-def make_engine(config=CONFIG):
-    target = tiny_loaded(scale=4.0)
+def make_engine(config=CONFIG, dtype=torch.float64):
+    target = tiny_loaded(scale=4.0, dtype=dtype)
     sub = LlamaModel(target.model.cfg, target.model.weights, [0, 1])
     drafts = {"ngram": lambda cap: NgramProposer(1, 3), "half": lambda cap: ModelDraftProposer(sub, cap)}
     return BuiltinEngine(target, drafts, config, start_worker=False)
@@ -84,21 +85,24 @@ def test_greedy_output_is_the_same_alone_with_plain_neighbours_and_with_mixed_ar
     assert sum(r.stats.accepted for r in mixed) > 0
 
 
-def test_weights_routed_as_w_x_transposed_change_no_greedy_output_of_any_arm():
+@pytest.mark.parametrize("panels", [False, True])
+def test_weights_routed_as_w_x_transposed_change_no_greedy_output_of_any_arm(panels):
     """The routes (engines/layouts.py: Columns, here the layers for up to 3 tokens, the
-    head for up to 2 rows) move logits by rounding only."""
+    head for up to 2 rows; by MKL or by the panels kernel, which takes float32 weights)
+    move logits by rounding only."""
     arms = ["ngram:4", "half:2", "plain", "half:6", "ngram:1"]
     reqs = [dataclasses.replace(req(i, p, a), fixed_gamma=True) for i, (p, a) in enumerate(zip(PROMPTS, arms))]
+    dtype = torch.float32 if panels else torch.float64
 
     def routed():
-        eng = make_engine()
-        route_columns(eng.model.weights, 3, 2)
-        assert isinstance(eng.model.weights.lm_head, Columns)
+        eng = make_engine(dtype=dtype)
+        route_columns(eng.model.weights, 3, 2, panels=panels)
+        assert isinstance(eng.model.weights.lm_head, Columns) and eng.model.weights.lm_head.on_panels == panels
         return eng
     for r in reqs:  # alone: one row, its verifications of 1-6 drafts on either side of the route
-        assert run_together(routed(), [r])[0].token_ids == run_together(make_engine(), [r])[0].token_ids
+        assert run_together(routed(), [r])[0].token_ids == run_together(make_engine(dtype=dtype), [r])[0].token_ids
     together = run_together(routed(), reqs)
-    assert [r.token_ids for r in together] == [r.token_ids for r in run_together(make_engine(), reqs)]
+    assert [r.token_ids for r in together] == [r.token_ids for r in run_together(make_engine(dtype=dtype), reqs)]
     assert sum(r.stats.accepted for r in together) > 0
 
 

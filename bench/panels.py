@@ -1,0 +1,110 @@
+"""The panels kernel (engines/panels.py) against MKL's W @ xᵀ, A/B in one process.
+
+The engine as `make run` builds it, its start-up profile having chosen the
+panels. The other side is what the profile would have kept without them: the
+target's layers and head routed as W @ xᵀ by MKL up to the rows where MKL won
+(from the same profile's timings; the head timed again), and a step-cost model
+fitted that way. The two alternate round by round:
+- lone forwards feeding 1 to 9 tokens (each its fastest of three a round): the
+  price of verifying drafts, as a panels/MKL ratio per size;
+- the dev split's benchmark prompts (the first --per-category of each category)
+  served alone and greedy under each arm (bench/routes.py::serve_alternated):
+  tokens per second after each request's first, as a panels/MKL ratio with a
+  95% bootstrap interval over the rounds.
+Then every prompt once more under each arm both ways: how many greedy outputs
+differ.
+
+    .venv/bin/python bench/panels.py --rounds 4 --per-category 1
+"""
+
+from __future__ import annotations
+
+import argparse
+
+ARMS = ("plain", "ngram:8", "eagle:6", "ngram-eagle:8")
+LONE = tuple(range(1, 10))
+
+
+def run(rounds: int, config: str | None, per_category: int, max_tokens: int, arms: list[str]) -> tuple[dict, str]:
+    import json
+
+    import numpy as np
+
+    from bench import default_data_path
+    from bench.engine import pick_prompts
+    from bench.greedy_head import differing
+    from bench.routes import serve_alternated
+    from engines.builtin import BuiltinEngine, drive_from_side_thread
+    from engines.config import load_engine_config
+    from engines.layouts import Columns, routed
+    from engines.profile import choose_head, fastest_steps, fit_cost, upto_where_faster
+
+    engine = BuiltinEngine.from_config(load_engine_config(config), start_worker=False)
+    model, prof, w = engine.model, engine.profile, engine.model.weights
+    if not prof.panels:
+        raise SystemExit("the start-up profile did not choose the panels kernel here: " + prof.describe())
+    head = w.lm_head
+    layers = routed(w)
+    mkl_layers = upto_where_faster({n: (prof.layers_s[n][0], prof.panels_s[n][0]) for n in prof.panels_s})
+    sides = {True: (prof.layers_upto, prof.head_upto, engine._sched.cost)}
+
+    def switch(on: bool) -> None:
+        for c in layers:
+            c.upto, c.on_panels = sides[on][0], on
+        if isinstance(head, Columns):
+            head.upto, head.on_panels = sides[on][1], on
+            w.lm_head = head
+        engine._sched.cost = sides[on][2]  # each side's prices, each refitted by its own steps
+
+    sides[False] = (mkl_layers, 0, None)
+    switch(False)
+    mkl_head, _ = choose_head(model)  # the head as the profile would have routed it by MKL
+    sides[False] = (mkl_layers, mkl_head, fit_cost(model, prof.packed_from, mkl_layers))
+    rows = pick_prompts([json.loads(x) for x in default_data_path().read_text().splitlines() if x.strip()],
+                        per_category, None)
+
+    lone: dict[bool, list[list[float]]] = {False: [], True: []}
+    for r in range(rounds):
+        for on in ((False, True) if r % 2 == 0 else (True, False)):
+            switch(on)
+            lone[on].append(fastest_steps(model, [[(t, t > 1)] for t in LONE], repeats=3))
+
+    def serve() -> dict:
+        out = serve_alternated(engine, rows, rounds, switch, arms, max_tokens)
+        return out | {"differ": {arm: differing(engine, rows, arm, max_tokens, switch) for arm in arms}}
+    out = drive_from_side_thread(engine, serve)  # the decode loop on this thread, as `specgate serve` runs it
+    a, b = np.array(lone[False]), np.array(lone[True])  # [rounds, sizes]
+    out["lone"] = {t: (float(np.median(a[:, i])) * 1e3, float(np.median(b[:, i])) * 1e3, list(b[:, i] / a[:, i]))
+                   for i, t in enumerate(LONE)}
+    return out, (f"{len(rows)} prompts, {max_tokens} tokens each; MKL: the layers up to {mkl_layers} tokens, "
+                 f"the head up to {mkl_head} rows; " + prof.describe())
+
+
+def main() -> int:
+    from bench import cpu_model
+    from bench.routes import interval, print_alternated
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=4, help="rounds of each kernel, alternating (default: %(default)s)")
+    ap.add_argument("--config", help="engine config YAML (default: the built-in SmolLM2 config)")
+    ap.add_argument("--per-category", type=int, default=1, choices=(1, 2, 3),
+                    help="prompts per category (default: %(default)s)")
+    ap.add_argument("--max-tokens", type=int, default=96, help="tokens per answer (default: %(default)s)")
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), help="arms served (default: %(default)s)")
+    a = ap.parse_args()
+    if a.rounds < 2:
+        ap.error("--rounds must be at least 2")
+    res, about = run(a.rounds, a.config, a.per_category, a.max_tokens, a.arms)
+    differ, lone = res.pop("differ"), res.pop("lone")
+    print(f"machine: {cpu_model()}; {about}")
+    for t, (mkl, panels, ratios) in lone.items():
+        med, lo, hi = interval(ratios)
+        print(f"lone row, {t} token{'s' * (t > 1)}   MKL {mkl:6.2f} ms  panels {panels:6.2f} ms  "
+              f"ratio {med:.3f} [{lo:.3f}, {hi:.3f}]")
+    print_alternated({k: v for k, v in res.items() if k[1] == "decode tok/s"}, "MKL", "panels")
+    print("greedy outputs differing between the kernels: " + ", ".join(f"{a} {n}" for a, n in differ.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,93 @@
+"""The panels kernel (engines/panels.py): built here, it computes what float64
+products do at every row count, a row's result does not depend on the rows fed
+with it, and the routes fall back to MKL where it cannot be built or used."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engines import panels
+from engines.layouts import Columns, route_columns, route_matmul, routed
+from tests.helpers import lean_from_hf, tiny_hf_model
+
+
+@pytest.fixture(scope="module")
+def k() -> panels.Kernel:
+    built = panels.kernel()
+    assert built is not None, "every machine the tests run on has a C compiler (see the log for the build's error)"
+    return built
+
+
+@pytest.mark.parametrize("out, chunks", [(1, 1), (5, 2), (37, 3), (64, 36)])
+def test_products_match_float64_at_every_row_count(k, out, chunks):
+    g = torch.Generator().manual_seed(out)
+    w = torch.randn(out, chunks * k.lanes, generator=g)
+    p = panels.Panel(w, k)
+    assert torch.equal(p.unpack(), w)
+    for m in range(1, 14):  # one pass of rows and several, full and partial
+        x = torch.randn(m, w.shape[1], generator=g)
+        want = x.double() @ w.double().t()
+        got = p(x)
+        assert got.shape == (m, out) and got.is_contiguous()
+        assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-5 * float(want.abs().max())), m
+
+
+def test_a_rows_result_does_not_depend_on_its_batch(k):
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(45, 6 * k.lanes, generator=g)
+    p = panels.Panel(w, k)
+    x = torch.randn(13, w.shape[1], generator=g)
+    whole = p(x)
+    for i in range(13):
+        assert torch.equal(p(x[i:i + 1]), whole[i:i + 1]), i  # bit for bit, alone or among 12 others
+    assert torch.equal(p(x[3:8]), whole[3:8])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # and whatever the threads
+    try:
+        assert torch.equal(p(x), whole)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_routed_matmul_runs_the_panels_up_to_its_rows_and_adds_the_bias(k):
+    g = torch.Generator().manual_seed(2)
+    w, b = torch.randn(40, 2 * k.lanes, generator=g), torch.randn(40, generator=g)
+    c = route_matmul(w, 3, panels=True)
+    assert isinstance(c, Columns) and c.on_panels and c.panel is not None
+    for m in (1, 3, 4):  # 4 rows: beyond the route, as laid out
+        x = torch.randn(m, w.shape[1], generator=g)
+        assert torch.allclose(c(x, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    assert route_matmul(c, 3, panels=False).on_panels is False  # MKL again, the copy kept for the profile
+    assert c.panel is not None and route_matmul(c, 0) is w  # unrouted: the weight as laid out, the copies gone
+
+
+def test_weights_the_kernel_cannot_take_keep_mkl(k):
+    w = torch.randn(8, k.lanes + 1)  # columns not a multiple of the lanes
+    c = route_matmul(w, 4, panels=True)
+    assert isinstance(c, Columns) and c.panel is None and not c.on_panels
+    x = torch.randn(2, w.shape[1])
+    assert torch.allclose(c(x, None), x @ w.t(), rtol=1e-5, atol=1e-5)
+
+
+def test_without_a_compiler_the_routes_keep_mkl(monkeypatch):
+    monkeypatch.setenv("CC", "/bin/false")  # a compiler that fails
+    panels.kernel.cache_clear()
+    try:
+        assert panels.kernel() is None
+        lean = lean_from_hf(tiny_hf_model(vocab=64, hidden=32), torch.float32)
+        route_columns(lean.weights, 4, 4, panels=True)
+        assert routed(lean.weights) and not any(c.on_panels or c.panel for c in routed(lean.weights))
+    finally:
+        panels.kernel.cache_clear()  # the next caller builds the real one
+
+
+@pytest.mark.parametrize("wrong, says", [
+    (lambda y, x: y * (1 + 1e-3), "differ from float64"),
+    (lambda y, x: y + 1e-7 * (x.shape[0] > 1), "depends on the rows beside it"),
+])
+def test_the_start_up_check_refuses_a_kernel_that_computes_otherwise(k, monkeypatch, wrong, says):
+    call = panels.Panel.__call__
+    monkeypatch.setattr(panels.Panel, "__call__", lambda self, x: wrong(call(self, x), x))
+    assert says in (panels.check(k) or "")
+    monkeypatch.undo()
+    assert panels.check(k) is None
