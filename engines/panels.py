@@ -15,9 +15,11 @@ result does not depend on its batch: a token decoded alone and the same token
 verified beside drafts get the same bits from every routed matmul.
 
 The kernel is compiled from its C source with the machine's C compiler for the
-machine's own instruction set (~1 s, in a private temporary folder) and
-checked against torch before use; without a compiler, or if the check fails,
-the routes keep MKL (logged). The start-up profile times it against MKL.
+machine's own instruction set (~1 s, in a private temporary folder), run first
+as a program of its own (a virtual machine may advertise instructions it does
+not allow: that kills the program, not the engine), then loaded and checked
+against torch; without a compiler, or if a check fails, the routes keep MKL
+(logged). The start-up profile times it against MKL.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().parent / "kernels" / "panels.c"
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+TEST_FLAGS = ("-O3", "-march=native", "-fopenmp", "-DPANELS_SELFTEST")
 _F, _L = ctypes.c_void_p, ctypes.c_long
 
 
@@ -90,8 +93,12 @@ def kernel() -> Kernel | None:
         log.info("panels kernel: no C compiler found; the matmul routes keep MKL")
         return None
     with tempfile.TemporaryDirectory(prefix="specgate-panels-") as d:  # private (0700): nobody swaps the library
-        lib_path = Path(d) / "panels.so"
+        lib_path, test_path = Path(d) / "panels.so", Path(d) / "selftest"
         try:
+            # the same code as a program first: an instruction this CPU cannot run kills it, not us
+            subprocess.run([cc, *TEST_FLAGS, "-o", str(test_path), str(SOURCE), "-lm"], check=True,
+                           capture_output=True, timeout=120)
+            subprocess.run([str(test_path)], check=True, capture_output=True, timeout=60)
             subprocess.run([cc, *FLAGS, "-o", str(lib_path), str(SOURCE)], check=True, capture_output=True,
                            timeout=120)
             k = Kernel(ctypes.CDLL(str(lib_path)))  # loaded: the file may go

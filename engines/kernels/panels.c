@@ -113,3 +113,36 @@ int panels_mm(const float *p, const float *x, float *y, long O, long K, long N, 
     }
     return 0;
 }
+
+#ifdef PANELS_SELFTEST
+/* Built as a program and run before the library is loaded: an instruction the CPU
+ * advertises but cannot run (a virtual machine's CPUID can say more than it allows)
+ * kills this process, not the engine. Exit 0: the products agree with double sums. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+int main(void) {
+    long O = 37, K = 3 * VW, blocks = (O + R - 1) / R;
+    float *w = malloc(O * K * sizeof(float)), *x = malloc(9 * K * sizeof(float)), *y = malloc(9 * O * sizeof(float));
+    float *p = aligned_alloc(64, blocks * R * K * sizeof(float));
+    if (!w || !x || !y || !p) return 2;
+    unsigned s = 1;
+    for (long i = 0; i < O * K; i++) w[i] = (float)((s = s * 1103515245u + 12345u) >> 16 & 1023) / 512.f - 1.f;
+    for (long i = 0; i < 9 * K; i++) x[i] = (float)((s = s * 1103515245u + 12345u) >> 16 & 1023) / 512.f - 1.f;
+    panels_pack(w, p, O, K);
+    for (long n = 1; n <= 9; n++) {
+        if (panels_mm(p, x, y, O, K, n, O, 2)) return 3;
+        for (long i = 0; i < n; i++)
+            for (long o = 0; o < O; o++) {
+                double want = 0;
+                for (long k = 0; k < K; k++) want += (double)w[o * K + k] * x[i * K + k];
+                if (fabs(y[i * O + o] - want) > 1e-4 * K) {
+                    fprintf(stderr, "rows %ld: y[%ld, %ld] = %g, want %g\n", n, i, o, y[i * O + o], want);
+                    return 1;
+                }
+            }
+    }
+    return 0;
+}
+#endif

@@ -81,6 +81,18 @@ def test_without_a_compiler_the_routes_keep_mkl(monkeypatch):
         panels.kernel.cache_clear()  # the next caller builds the real one
 
 
+def test_a_kernel_whose_own_program_fails_is_not_loaded(monkeypatch, tmp_path):
+    # the library would build; its self-test program exits 1, as one killed by an illegal instruction would not 0
+    src = tmp_path / "panels.c"
+    src.write_text(panels.SOURCE.read_text().replace("int main(void) {", "int main(void) {\n    return 1;", 1))
+    monkeypatch.setattr(panels, "SOURCE", src)
+    panels.kernel.cache_clear()
+    try:
+        assert panels.kernel() is None
+    finally:
+        panels.kernel.cache_clear()
+
+
 @pytest.mark.parametrize("wrong, says", [
     (lambda y, x: y * (1 + 1e-3), "differ from float64"),
     (lambda y, x: y + 1e-7 * (x.shape[0] > 1), "depends on the rows beside it"),
