@@ -265,7 +265,7 @@ def choose_layout(model: LlamaModel, weights: list[LlamaWeights], pack: bool | s
         prof.packed_from, prof.pack_s = choose_packed_from(model, weights)
     if routes:
         prof.layers_upto, prof.layers_s, prof.panels, prof.panels_s = choose_layer_route(model)
-        prof.head_upto, prof.head_s = choose_head(model)
+        prof.head_upto, prof.head_s = choose_head(model, panels=prof.panels)
     prof.cost = fit_cost(model, prof.packed_from, prof.layers_upto)
     return prof
 
@@ -299,14 +299,14 @@ def choose_layer_route(model: LlamaModel, rounds: int = 3) -> tuple[int, dict, b
                                  if "panels" in best else {})
 
 
-def choose_head(model: LlamaModel, rounds: int = 8) -> tuple[int, dict[int, tuple[float, float]]]:
-    """Time the target's head for HEAD_TRIALS rows as laid out and as W @ xᵀ
-    (alternated round by round, each kept at its fastest), and leave it running
-    as W @ xᵀ up to the most rows below which that won by ROUTE_MARGIN at every
-    size timed (0: never). Drafts sharing the target's weights share its head."""
+def choose_head(model: LlamaModel, rounds: int = 8, panels: bool = False) -> tuple[int, dict[int, tuple[float, float]]]:
+    """Time the target's head for HEAD_TRIALS rows as laid out and as W @ xᵀ (by the
+    panels kernel where `panels`, the layers' choice, else MKL; alternated round by
+    round, each kept at its fastest), and leave it running as W @ xᵀ up to the most
+    rows below which that won by ROUTE_MARGIN at every size timed (0: never).
+    Drafts sharing the target's weights share its head."""
     w = model.weights
     layers = max((c.upto for c in routed(w)), default=0)
-    panels = any(c.on_panels for c in routed(w))  # the kernel the layers' route chose
     route_columns(w, layers, HEAD_TRIALS[-1], panels=panels)
     head, g = w.lm_head, torch.Generator().manual_seed(0)
     xs = {m: torch.randn(m, model.cfg.hidden_size, generator=g).to(model.device, model.dtype) for m in HEAD_TRIALS}

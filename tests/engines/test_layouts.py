@@ -246,7 +246,7 @@ def test_the_profile_routes_each_part_up_to_the_rows_where_w_x_transposed_stops_
     assert upto_where_faster({m: (2.0, 1.0) for m in HEAD_TRIALS}) == HEAD_TRIALS[-1]
     lean = lean_from_hf(tiny_hf_model(vocab=64, hidden=32), torch.float32)
     layers, layers_s, panels, panels_s = choose_layer_route(lean)  # on this machine: whatever it measured, in place
-    head_upto, head_s = choose_head(lean)
+    head_upto, head_s = choose_head(lean, panels=panels)
     assert set(layers_s) == set(LAYER_TRIALS) and layers == upto_where_faster(layers_s)
     # the kernel that took less over every size, and the route runs it
     assert panels == (bool(panels_s) and sum(p for _, p in panels_s.values()) < sum(m for m, _ in panels_s.values()))
@@ -256,3 +256,4 @@ def test_the_profile_routes_each_part_up_to_the_rows_where_w_x_transposed_stops_
         4 * len(lean.weights.layers) if layers else 0)
     head = lean.weights.lm_head
     assert (head.upto if isinstance(head, Columns) else 0) == head_upto
+    assert not isinstance(head, Columns) or head.on_panels == panels  # the layers' kernel

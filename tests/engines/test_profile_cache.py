@@ -113,6 +113,23 @@ def test_packed_copies_that_disagree_with_dense_weights_are_not_taken(models, tm
     assert not models[1].weights.layers[0].gate_up.is_mkldnn
 
 
+def test_a_profile_routed_by_panels_that_no_longer_build_here_is_measured_over(models, tmp_path, monkeypatch,
+                                                                                caplog):
+    model = models[0]
+    key, parts = profile_key(model, [model.weights], False, 1, False)
+    lone = {n: 0.01 * n for n in range(1, 10)}
+    prof = Profile(1, "dense", {"1t/dense": 0.1}, StepCost(0.01, 0.001, lone=lone, columns_upto=3), None, {}, 3,
+                   {3: (0.02, 0.01)}, 2, {2: (0.01, 0.005)}, True, {3: (0.015, 0.01)})
+    path = tmp_path / f"{key}.json"
+    keep(path, key, parts, prof)
+    assert recall(path, key, model, [model.weights], False, False, **LOOSE).to_dict() == prof.to_dict()
+    assert all(c.on_panels for c in routed(model.weights)) and model.weights.lm_head.on_panels  # as kept
+    monkeypatch.setattr(profile_cache, "kernel", lambda: None)  # no compiler on this start
+    with caplog.at_level("WARNING", logger="engines.profile_cache"):
+        assert recall(path, key, models[1], [models[1].weights], False, False, **LOOSE) is None
+    assert "did not build" in caplog.text and not routed(models[1].weights)
+
+
 def test_a_profile_whose_forwards_no_longer_run_at_its_figures_is_measured_over(models, tmp_path, monkeypatch,
                                                                                 caplog):
     """Kept while something else ran on the cores: every figure ~10x too high."""
