@@ -56,7 +56,7 @@ def run(rounds: int, config: str | None, per_category: int, max_tokens: int, arm
             w.lm_head = head
         engine._sched.cost = sides[on][2]  # each side's prices, each refitted by its own steps
 
-    sides[False] = (mkl_layers, 0, None)
+    sides[False] = (mkl_layers, 0, sides[True][2])  # the MKL side's head and prices: measured next
     switch(False)
     mkl_head, _ = choose_head(model)  # the head as the profile would have routed it by MKL
     sides[False] = (mkl_layers, mkl_head, fit_cost(model, prof.packed_from, mkl_layers))
