@@ -50,9 +50,11 @@ def run(rounds: int, config: str | None, per_category: int, max_tokens: int, arm
 
     def switch(on: bool) -> None:
         for c in layers:
-            c.upto, c.on_panels = sides[on][0], on
+            c.upto = sides[on][0]
+            c.run_panels(on)  # MKL's side gets its dense copies back
         if isinstance(head, Columns):
-            head.upto, head.on_panels = sides[on][1], on
+            head.upto = sides[on][1]
+            head.run_panels(on)
             w.lm_head = head
         engine._sched.cost = sides[on][2]  # each side's prices, each refitted by its own steps
 

@@ -41,9 +41,9 @@ class TargetConfig(_Strict):
     faster than oneDNN's few-row kernels: on an AMD EPYC a decode step 0.72x) and run them so up to the
     rows where that wins (engines/layouts.py: Columns), by MKL or by the panels kernel the engine builds
     for this CPU with its C compiler, whichever the profile times faster (engines/panels.py: verifying 3-4
-    drafts then costs what a decode step does). Keeps a dense copy beside weights laid out otherwise, and
-    the panels' copy: each the routed weights once more in memory (0.42 GB for SmolLM2's layers in
-    float32, 0.11 GB its head). False: never."""
+    drafts then costs what a decode step does). Keeps one copy of the routed weights beside weights
+    laid out otherwise, dense for MKL or in panels (the dense one then freed): the layers once more in
+    memory (0.42 GB for SmolLM2 in float32; the panels copy its tied head too, 0.11 GB). False: never."""
     profile_cache: bool = True
     """On CPU, keep the start-up profile (the layout and threads chosen, the forwards' prices) in
     cache_dir under a key of this machine (CPU model, family, stepping and flags; usable cores; torch's

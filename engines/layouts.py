@@ -104,11 +104,29 @@ class Columns:
     (0: never, the copies kept) and as laid out beyond: over its dense form
     `dense_w` by MKL, or, where it has a `panel` and `on_panels` is set, by the
     panels kernel (engines/panels.py). MKL's results come back as a transposed
-    view: [rows, out], not contiguous (what reads them reads rows)."""
+    view: [rows, out], not contiguous (what reads them reads rows). `copied`: the
+    dense form is a copy made for the route (not the weight itself, nor a tied
+    embedding), which drop_copy frees while the panels run it."""
 
-    def __init__(self, w, upto: int, dense_w: torch.Tensor, panel: Panel | None = None):
-        self.w, self.dense, self.upto, self.panel = w, dense_w, upto, panel
+    def __init__(self, w, upto: int, dense_w: torch.Tensor, panel: Panel | None = None, copied: bool = False):
+        self.w, self._dense, self.upto, self.panel, self.copied = w, dense_w, upto, panel, copied
         self.on_panels = panel is not None
+
+    @property
+    def dense(self) -> torch.Tensor:
+        """The weight as a plain tensor (unpacked from the panels where its copy was dropped)."""
+        return self._dense if self._dense is not None else self.panel.unpack()
+
+    def run_panels(self, on: bool) -> None:
+        """Run by the panels (where it has them) or by MKL, whose dense copy comes back if dropped."""
+        self.on_panels = on and self.panel is not None
+        if not self.on_panels and self._dense is None:
+            self._dense = self.panel.unpack()
+
+    def drop_copy(self) -> None:
+        """Free the dense copy while the panels run this weight: nothing else reads it."""
+        if self.copied and self.on_panels:
+            self._dense = None
 
     def __call__(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         m = x.shape[0]
@@ -120,7 +138,7 @@ class Columns:
         # contiguous rows: MKL takes their transpose as a column-major operand (strided ones ran slower);
         # a lone row goes as two, else BLAS takes its matrix-vector path (2.6x slower for SmolLM2's head)
         cols = x.contiguous() if m > 1 else x.expand(2, -1).contiguous()  # [max(m, 2), in]
-        y = torch.mm(self.dense, cols.t()).t()[:m]  # [m, out]
+        y = torch.mm(self._dense, cols.t()).t()[:m]  # [m, out]
         return y if b is None else y + b
 
 
@@ -154,12 +172,25 @@ def route_matmul(w, upto: int, tied: torch.Tensor | None = None, panels: bool = 
         d = dense(w)
         if tied is not None and d is not tied and d.shape == tied.shape and torch.equal(d, tied):
             d = tied  # the embedding, not a copy of it
-        w = Columns(w, upto, d)
+        copied = d is not tied and isinstance(w, torch.Tensor) and w.is_mkldnn  # to_dense() made d
+        w = Columns(w, upto, d, copied=copied)
     k = kernel() if panels else None
     if k is not None and w.panel is None and k.fits(w.dense):
         w.panel = Panel(w.dense, k)
-    w.on_panels = panels and w.panel is not None
+    w.run_panels(panels)
     return w
+
+
+def drop_dense_copies(weights: LlamaWeights) -> int:
+    """Free the dense copies of weights the panels run (Columns.drop_copy): once the
+    routes are final, MKL's route reads them no more. Gives the bytes freed."""
+    freed = 0
+    for c in [*routed(weights), weights.lm_head]:
+        if isinstance(c, Columns) and c._dense is not None:
+            n = c._dense.numel() * c._dense.element_size()
+            c.drop_copy()
+            freed += n if c._dense is None else 0
+    return freed
 
 
 def unrouted(w):

@@ -286,7 +286,7 @@ def choose_layer_route(model: LlamaModel, rounds: int = 3) -> tuple[int, dict, b
     def switch(mode: str) -> None:
         for c in routed(w):
             c.upto = 0 if mode == "laid out" else LAYER_TRIALS[-1]
-            c.on_panels = mode == "panels" and c.panel is not None
+            c.run_panels(mode == "panels")
     best = _alternated(model, {n: [(n, n > 1)] for n in LAYER_TRIALS}, switch, rounds, repeats=1, modes=modes)
     panels = "panels" in best and sum(best["panels"].values()) < sum(best["MKL"].values())
     route = best["panels" if panels else "MKL"]

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from engines import panels
-from engines.layouts import Columns, route_columns, route_matmul, routed
+from engines.layouts import Columns, dense, drop_dense_copies, pack_for_cpu, route_columns, route_matmul, routed
 from tests.helpers import lean_from_hf, tiny_hf_model
 
 
@@ -59,6 +59,28 @@ def test_a_routed_matmul_runs_the_panels_up_to_its_rows_and_adds_the_bias(k):
         assert torch.allclose(c(x, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
     assert route_matmul(c, 3, panels=False).on_panels is False  # MKL again, the copy kept for the profile
     assert c.panel is not None and route_matmul(c, 0) is w  # unrouted: the weight as laid out, the copies gone
+
+
+def test_the_dense_copies_the_panels_leave_unread_are_freed_and_come_back_for_mkl(k):
+    lean = lean_from_hf(tiny_hf_model(vocab=64, hidden=32), torch.float32)
+    want = {"qkv": dense(lean.weights.layers[0].qkv).clone(), "head": dense(lean.weights.lm_head).clone()}
+    ids = torch.arange(5)
+    before = lean.forward(ids, lean.new_cache(8))
+    pack_for_cpu(lean.weights)  # oneDNN's layout: the routes' dense forms are copies
+    route_columns(lean.weights, 8, 8, panels=True)
+    layers = [*routed(lean.weights), lean.weights.lm_head]  # this tiny model's head is its own, not tied
+    assert all(isinstance(c, Columns) and c.copied for c in layers)
+    freed = drop_dense_copies(lean.weights)
+    assert all(c._dense is None for c in layers) and freed == sum(dense(c).numel() * 4 for c in layers)
+    torch.testing.assert_close(lean.forward(ids, lean.new_cache(8)), before)  # the panels run them as before
+    qkv = lean.weights.layers[0].qkv
+    assert torch.equal(qkv.dense, want["qkv"])  # unpacked on demand
+    qkv.run_panels(False)  # MKL's route: its copy back
+    assert qkv._dense is not None and torch.equal(qkv._dense, want["qkv"])
+    assert torch.allclose(qkv(torch.ones(2, 32), None), torch.ones(2, 32) @ want["qkv"].t(), rtol=1e-5, atol=1e-5)
+    dense_model = lean_from_hf(tiny_hf_model(vocab=64, hidden=32), torch.float32)  # dense layout: no copies
+    route_columns(dense_model.weights, 8, 8, panels=True)
+    assert drop_dense_copies(dense_model.weights) == 0 and not any(c.copied for c in routed(dense_model.weights))
 
 
 def test_weights_the_kernel_cannot_take_keep_mkl(k):
