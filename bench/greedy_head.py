@@ -15,10 +15,6 @@ same token for token.
 
 from __future__ import annotations
 
-import argparse
-
-ARMS = ("plain", "ngram:8", "eagle:6", "ngram-eagle:8")
-
 
 def run(rounds: int, config: str | None, per_category: int, max_tokens: int, arms: list[str]) -> tuple[dict, str]:
     import json
@@ -84,18 +80,9 @@ def differing(engine, rows: list[dict], arm: str, max_tokens: int, switch) -> in
 
 def main() -> int:
     from bench import cpu_model
-    from bench.routes import print_alternated
+    from bench.routes import print_alternated, serving_args
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=6, help="rounds of each head, alternating (default: %(default)s)")
-    ap.add_argument("--config", help="engine config YAML (default: the built-in SmolLM2 config)")
-    ap.add_argument("--per-category", type=int, default=1, choices=(1, 2, 3),
-                    help="prompts per category (default: %(default)s)")
-    ap.add_argument("--max-tokens", type=int, default=96, help="tokens per answer (default: %(default)s)")
-    ap.add_argument("--arms", nargs="+", default=list(ARMS), help="arms served (default: %(default)s)")
-    a = ap.parse_args()
-    if a.rounds < 2:
-        ap.error("--rounds must be at least 2")
+    a = serving_args(__doc__, 6, "head")
     res, about = run(a.rounds, a.config, a.per_category, a.max_tokens, a.arms)
     differ, head = res.pop("differ"), res.pop("head ms")
     print(f"machine: {cpu_model()}; {about}")

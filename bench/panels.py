@@ -19,9 +19,6 @@ differ.
 
 from __future__ import annotations
 
-import argparse
-
-ARMS = ("plain", "ngram:8", "eagle:6", "ngram-eagle:8")
 LONE = tuple(range(1, 10))
 
 
@@ -84,18 +81,9 @@ def run(rounds: int, config: str | None, per_category: int, max_tokens: int, arm
 
 def main() -> int:
     from bench import cpu_model
-    from bench.routes import interval, print_alternated
+    from bench.routes import interval, print_alternated, serving_args
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=4, help="rounds of each kernel, alternating (default: %(default)s)")
-    ap.add_argument("--config", help="engine config YAML (default: the built-in SmolLM2 config)")
-    ap.add_argument("--per-category", type=int, default=1, choices=(1, 2, 3),
-                    help="prompts per category (default: %(default)s)")
-    ap.add_argument("--max-tokens", type=int, default=96, help="tokens per answer (default: %(default)s)")
-    ap.add_argument("--arms", nargs="+", default=list(ARMS), help="arms served (default: %(default)s)")
-    a = ap.parse_args()
-    if a.rounds < 2:
-        ap.error("--rounds must be at least 2")
+    a = serving_args(__doc__, 4, "kernel")
     res, about = run(a.rounds, a.config, a.per_category, a.max_tokens, a.arms)
     differ, lone = res.pop("differ"), res.pop("lone")
     print(f"machine: {cpu_model()}; {about}")

@@ -128,6 +128,27 @@ def serve_alternated(engine, rows: list[dict], rounds: int, switch, arms: list[s
                     list(np.array(v[True]) / np.array(v[False]))) for k, v in runs.items()}
 
 
+SERVED_ARMS = ("plain", "ngram:8", "eagle:6", "ngram-eagle:8")  # what the A/B benches serve by default
+
+
+def serving_args(doc: str, rounds: int, sides: str) -> argparse.Namespace:
+    """The command line of an A/B bench that serves the dev prompts under arms with
+    serve_alternated (bench/greedy_head.py, bench/panels.py): --rounds (at least 2),
+    --config, --per-category, --max-tokens, --arms. `sides`: what alternates."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=rounds,
+                    help=f"rounds of each {sides}, alternating (default: %(default)s)")
+    ap.add_argument("--config", help="engine config YAML (default: the built-in SmolLM2 config)")
+    ap.add_argument("--per-category", type=int, default=1, choices=(1, 2, 3),
+                    help="prompts per category (default: %(default)s)")
+    ap.add_argument("--max-tokens", type=int, default=96, help="tokens per answer (default: %(default)s)")
+    ap.add_argument("--arms", nargs="+", default=list(SERVED_ARMS), help="arms served (default: %(default)s)")
+    a = ap.parse_args()
+    if a.rounds < 2:
+        ap.error("--rounds must be at least 2")
+    return a
+
+
 def print_alternated(res: dict, off: str, on: str) -> None:
     """alternated()'s figures, a line each: both medians and the ratio's median [95% interval]."""
     for (arm, fig), (a, b, ratios) in res.items():
