@@ -123,10 +123,13 @@ class Columns:
         if not self.on_panels and self._dense is None:
             self._dense = self.panel.unpack()
 
-    def drop_copy(self) -> None:
-        """Free the dense copy while the panels run this weight: nothing else reads it."""
-        if self.copied and self.on_panels:
-            self._dense = None
+    def drop_copy(self) -> int:
+        """Free the dense copy while the panels run this weight (nothing else reads it);
+        gives the bytes freed."""
+        if not (self.copied and self.on_panels and self._dense is not None):
+            return 0
+        freed, self._dense = self._dense.numel() * self._dense.element_size(), None
+        return freed
 
     def __call__(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         m = x.shape[0]
@@ -184,13 +187,7 @@ def route_matmul(w, upto: int, tied: torch.Tensor | None = None, panels: bool = 
 def drop_dense_copies(weights: LlamaWeights) -> int:
     """Free the dense copies of weights the panels run (Columns.drop_copy): once the
     routes are final, MKL's route reads them no more. Gives the bytes freed."""
-    freed = 0
-    for c in [*routed(weights), weights.lm_head]:
-        if isinstance(c, Columns) and c._dense is not None:
-            n = c._dense.numel() * c._dense.element_size()
-            c.drop_copy()
-            freed += n if c._dense is None else 0
-    return freed
+    return sum(c.drop_copy() for c in [*routed(weights), weights.lm_head] if isinstance(c, Columns))
 
 
 def unrouted(w):
