@@ -4,8 +4,9 @@ real shapes) cycled in order, so each is read from memory as in a decode step
 (one weight timed over and over stays in cache, where the kernels rank
 otherwise). Per row count: oneDNN-packed weights (x @ Wᵀ), dense BLAS x @ Wᵀ
 (F.linear), W @ xᵀ by MKL (a lone row fed as two: engines/layouts.py, Columns)
-and by the panels kernel (engines/panels.py, where it builds), alternated, each
-its fastest of `--rounds`.
+and by the panels kernel (engines/panels.py, where it builds), in float32 and
+in Q4_1 (the weights' values are Q4_1's, as a GGUF model's layers are, so every
+kernel multiplies the same numbers), alternated, each its fastest of `--rounds`.
 
     .venv/bin/python bench/matmuls.py
 """
@@ -16,7 +17,7 @@ import argparse
 import time
 
 SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # SmolLM2-135M: qkv, o, gate_up, down [out, in]
-KINDS = ("oneDNN x @ Wᵀ", "BLAS x @ Wᵀ", "W @ xᵀ", "panels W @ xᵀ")
+KINDS = ("oneDNN x @ Wᵀ", "BLAS x @ Wᵀ", "W @ xᵀ", "panels W @ xᵀ", "panels Q4_1")
 
 
 def run(rows: tuple[int, ...], layers: int, rounds: int, threads: int) -> dict[int, dict[str, float]]:
@@ -24,25 +25,28 @@ def run(rows: tuple[int, ...], layers: int, rounds: int, threads: int) -> dict[i
     import torch
     import torch.nn.functional as F
 
-    from engines.panels import Panel, kernel
+    from engines.panels import Panel, exactly, kernel
 
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(0)
-    dense = [[torch.randn(o, i, generator=g) for o, i in SHAPES] for _ in range(layers)]
+    dense = [[exactly("q4", o, i, g) for o, i in SHAPES] for _ in range(layers)]
     packed = [[w.to_mkldnn() for w in ws] for ws in dense]
     k = kernel()
-    panels = [[Panel(w, k) for w in ws] for ws in dense] if k else None
-    kinds = KINDS if k else KINDS[:3]
+    panels = [[Panel(w, k, formats=False) for w in ws] for ws in dense] if k else None
+    q4 = [[Panel(w, k) for w in ws] for ws in dense] if k and k.formats else None
+    kinds = KINDS[:3] + KINDS[3:3 + bool(k) + bool(q4)]
 
     def one_pass(kind: str, m: int) -> float:
         xs = {i: torch.randn(m, i, generator=g) for i in {i for _, i in SHAPES}}
         cols = {i: x if m > 1 else x.expand(2, -1).contiguous() for i, x in xs.items()}
         t0 = time.perf_counter()
-        for ws, ps, qs in zip(dense, packed, panels or packed):
-            for w, p, q in zip(ws, ps, qs):
+        for ws, ps, qs, fs in zip(dense, packed, panels or packed, q4 or packed):
+            for w, p, q, f in zip(ws, ps, qs, fs):
                 i = w.shape[1]
                 if kind == KINDS[3]:
                     q(xs[i])
+                elif kind == KINDS[4]:
+                    f(xs[i])
                 elif kind == KINDS[0]:
                     torch.ops.mkldnn._linear_pointwise(xs[i], p, None, "none", [], "")
                 elif kind == KINDS[1]:

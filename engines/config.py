@@ -42,8 +42,9 @@ class TargetConfig(_Strict):
     rows where that wins (engines/layouts.py: Columns), by MKL or by the panels kernel the engine builds
     for this CPU with its C compiler, whichever the profile times faster (engines/panels.py: verifying 3-4
     drafts then costs what a decode step does). Keeps one copy of the routed weights beside weights
-    laid out otherwise, dense for MKL or in panels (the dense one then freed): the layers once more in
-    memory (0.42 GB for SmolLM2 in float32; the panels copy its tied head too, 0.11 GB). False: never."""
+    laid out otherwise, dense for MKL or in panels (the dense one then freed; panels hold a weight in the
+    smallest block format that gives back its exact values: SmolLM2's layers and tied head, GGUF's Q4_1
+    and Q8_0, 0.11 GB in all, against 0.42 + 0.11 GB in float32). False: never."""
     profile_cache: bool = True
     """On CPU, keep the start-up profile (the layout and threads chosen, the forwards' prices) in
     cache_dir under a key of this machine (CPU model, family, stepping and flags; usable cores; torch's

@@ -14,6 +14,15 @@ Every product is summed in one order whatever rows it is fed with, so a row's
 result does not depend on its batch: a token decoded alone and the same token
 verified beside drafts get the same bits from every routed matmul.
 
+A weight streams in the smallest block format that gives back its exact float32
+values (`encode`): a GGUF model's weights, dequantized on loading, are exactly
+Q4_1 (SmolLM2's layers: 0.75 bytes a weight in panels, against 4) or Q8_0 (its
+head: 1.125), and a draft stored in bfloat16 is exactly that (2). The kernel
+expands the codes to those float32 values in registers and sums them in the
+same order, so the results are the float32 panels' to the bit, for a fifth of
+the bytes read; nothing is approximated (a weight one value off its format
+stays float32).
+
 The kernel is compiled from its C source with the machine's C compiler for the
 machine's own instruction set (~1 s, in a private temporary folder), run first
 as a program of its own (a virtual machine may advertise instructions it does
@@ -51,7 +60,13 @@ class Kernel:
         lib.panels_mm.argtypes = [_F, _F, _F, _L, _L, _L, _L, ctypes.c_int]
         lib.panels_mm.restype = ctypes.c_int
         lib.panels_pack.argtypes = lib.panels_unpack.argtypes = [_F, _F, _L, _L]
+        lib.qpanels_mm.argtypes = [ctypes.c_int, _F, _F, _F, _L, _L, _L, _L, ctypes.c_int]
+        lib.qpanels_mm.restype = ctypes.c_int
+        lib.qpanels_pack.argtypes = [ctypes.c_int, _F, _F, _F, _F, _L, _L]
+        lib.qpanels_unpack.argtypes = [ctypes.c_int, _F, _F, _L, _L]
+        lib.qpanels_block_bytes.argtypes, lib.qpanels_block_bytes.restype = [ctypes.c_int], _L
         self.lanes, self.rows = int(lib.panels_lanes()), int(lib.panels_rows())
+        self.formats = all(lib.qpanels_block_bytes(c) > 0 for c in FORMATS.values())  # AVX2 or AVX-512
 
     def fits(self, w: torch.Tensor) -> bool:
         """Whether a weight [out, in] can be laid out in panels."""
@@ -60,28 +75,114 @@ class Kernel:
 
 
 class Panel:
-    """One weight [out, in] in panels; called with rows x [m, in], gives x @ wᵀ [m, out]."""
+    """One weight [out, in] in panels, in the smallest format that gives back its exact
+    float32 values (`fmt`: see FORMATS); called with rows x [m, in], gives x @ wᵀ [m, out]."""
 
-    def __init__(self, w: torch.Tensor, k: Kernel):
+    def __init__(self, w: torch.Tensor, k: Kernel, formats: bool = True):
         self.k, (self.out, self.inner) = k, w.shape
         blocks = -(-self.out // k.rows)
-        # torch's CPU allocator aligns to 64 bytes: the kernel reads the panels with aligned loads
-        self.packed = torch.empty(blocks * k.rows * self.inner, dtype=torch.float32)
-        k.lib.panels_pack(w.contiguous().data_ptr(), self.packed.data_ptr(), self.out, self.inner)
+        w = w.contiguous()
+        enc = encode(w) if formats and k.formats and self.inner % BLOCK == 0 else None
+        if enc is None:
+            self.fmt = "float32"
+            # torch's CPU allocator aligns to 64 bytes: the kernel reads the panels with aligned loads
+            self.packed = torch.empty(blocks * k.rows * self.inner, dtype=torch.float32)
+            k.lib.panels_pack(w.data_ptr(), self.packed.data_ptr(), self.out, self.inner)
+            return
+        self.fmt, codes, d, m = enc
+        self._code = FORMATS[self.fmt]
+        nbytes = blocks * (self.inner // BLOCK) * k.lib.qpanels_block_bytes(self._code)
+        self.packed = torch.empty(nbytes, dtype=torch.uint8)
+        k.lib.qpanels_pack(self._code, codes.data_ptr(), d.data_ptr(), 0 if m is None else m.data_ptr(),
+                           self.packed.data_ptr(), self.out, self.inner)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
         m = x.shape[0]
         y = torch.empty(m, self.out, dtype=torch.float32)
-        self.k.lib.panels_mm(self.packed.data_ptr(), x.data_ptr(), y.data_ptr(), self.out, self.inner, m,
-                             self.out, torch.get_num_threads())
+        if self.fmt == "float32":
+            self.k.lib.panels_mm(self.packed.data_ptr(), x.data_ptr(), y.data_ptr(), self.out, self.inner, m,
+                                 self.out, torch.get_num_threads())
+        else:
+            self.k.lib.qpanels_mm(self._code, self.packed.data_ptr(), x.data_ptr(), y.data_ptr(), self.out,
+                                  self.inner, m, self.out, torch.get_num_threads())
         return y
 
     def unpack(self) -> torch.Tensor:
         """The weight [out, in] it was made from."""
         w = torch.empty(self.out, self.inner, dtype=torch.float32)
-        self.k.lib.panels_unpack(self.packed.data_ptr(), w.data_ptr(), self.out, self.inner)
+        if self.fmt == "float32":
+            self.k.lib.panels_unpack(self.packed.data_ptr(), w.data_ptr(), self.out, self.inner)
+        else:
+            self.k.lib.qpanels_unpack(self._code, self.packed.data_ptr(), w.data_ptr(), self.out, self.inner)
         return w
+
+
+# ---------------------------------------------------------------------- block formats
+BLOCK = 32  # weights a block along the input, as GGUF's
+FORMATS = {"q4": 1, "q8": 2, "bfloat16": 3}  # panels.c's QP_*; smallest first
+_ROWS_AT_ONCE = 4096  # rows encoded at a time: bounds the temporaries for a large head
+
+
+def encode(w: torch.Tensor) -> tuple[str, torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+    """The smallest block format whose codes give back every value of w [out, in] exactly
+    (in % BLOCK == 0): (format, codes [out, in], d [out, in / BLOCK], m or None); None:
+    only float32 does. A GGUF model's weights, dequantized to float32, are exactly Q4_1
+    (w = d·q + m, d and m half precision, q 4 bits) or Q8_0 (w = d·q, q 8 bits); a draft
+    stored in bfloat16 is exactly bfloat16. Nothing is approximated: a weight one value
+    off its format stays float32."""
+    for fmt, fn in (("q4", _q4), ("q8", _q8)):
+        parts = []
+        for rows in w.split(_ROWS_AT_ONCE):
+            part = fn(rows.reshape(rows.shape[0], -1, BLOCK))
+            if part is None:
+                break
+            parts.append(part)
+        else:
+            codes, d, m = (None if parts[0][i] is None else torch.cat([p[i] for p in parts]) for i in range(3))
+            return fmt, codes.reshape(w.shape).contiguous(), d.contiguous(), m
+    if torch.equal(w.bfloat16().float(), w):
+        return "bfloat16", w.bfloat16().view(torch.int16).contiguous(), torch.zeros(1), None
+    return None
+
+
+def _scales(first: torch.Tensor) -> list[torch.Tensor]:
+    """A block's half-precision scale as first estimated, and its neighbours an ulp away
+    (the scale a quantizer stored was rounded from one computed slightly otherwise)."""
+    h = first.clamp(min=0).half().view(torch.int16)
+    return [h.view(torch.float16).float()] + [(h + s).clamp(min=0).view(torch.float16).float() for s in (1, -1)]
+
+
+def _fit(b: torch.Tensor, candidates: list[torch.Tensor], lo: int, hi: int, m: torch.Tensor | None):
+    """Per block the first candidate d whose codes round(b − m) / d in [lo, hi] give b back
+    exactly: (codes, d), or None where some block has none. b [R, N, BLOCK]."""
+    shift = b if m is None else b - m[..., None]
+    codes = d = None
+    left = torch.ones(b.shape[:2], dtype=torch.bool)
+    for c in candidates:
+        q = torch.where(c[..., None] > 0, shift / c[..., None], 0.0).round().clamp(lo, hi)
+        back = c[..., None] * q
+        if m is not None:
+            back = back + m[..., None]
+        ok = left & (back == b).all(-1)
+        if codes is None:
+            codes, d = q, c.clone()
+        codes[ok], d[ok] = q[ok], c[ok]
+        left &= ~ok
+        if not left.any():
+            return codes, d
+    return None
+
+
+def _q4(b: torch.Tensor):
+    m = b.amin(-1)
+    fit = _fit(b, _scales((b.amax(-1) - m) / 15), 0, 15, m)
+    return None if fit is None else (fit[0].to(torch.uint8), fit[1], m)
+
+
+def _q8(b: torch.Tensor):
+    fit = _fit(b, _scales(b.abs().amax(-1) / 127), -128, 127, None)
+    return None if fit is None else (fit[0].to(torch.int8), fit[1], None)
 
 
 @functools.cache
@@ -117,7 +218,8 @@ def kernel() -> Kernel | None:
 
 def check(k: Kernel) -> str | None:
     """What is wrong with the kernel's results (None: nothing): against float64 products,
-    a row alone against the same row beside others, the layout's round trip."""
+    a row alone against the same row beside others, the layout's round trip, and every
+    block format against the float32 panels of the same values, to the bit."""
     g = torch.Generator().manual_seed(0)
     for out, inner in ((37, 2 * k.lanes), (64, 3 * k.lanes)):  # a partial last panel; several passes of rows
         w = torch.randn(out, inner, generator=g)
@@ -131,4 +233,30 @@ def check(k: Kernel) -> str | None:
                 return f"{m} rows of [{out}, {inner}] differ from float64 products"
             if not torch.equal(p(x[-1:]), y[-1:]):
                 return "a row's result depends on the rows beside it"
+    for fmt in FORMATS if k.formats else ():
+        w = exactly(fmt, 37, 3 * BLOCK, g)
+        p, f32 = Panel(w, k), Panel(w, k, formats=False)
+        if p.fmt != fmt or not torch.equal(p.unpack(), w):
+            return f"a {fmt} weight does not go to panels in {fmt} and back"
+        x = torch.randn(9, 3 * BLOCK, generator=g)
+        for m in (1, 4, 9):
+            if not torch.equal(p(x[:m]), f32(x[:m])):
+                return f"{m} rows by a {fmt} panel are not the float32 panel's bits"
     return None
+
+
+def exactly(fmt: str, out: int, inner: int, g: torch.Generator) -> torch.Tensor:
+    """A random weight [out, in] whose float32 values are exactly those of a block format,
+    as a quantizer writes them (Q4_1: each block's least value has code 0 and its greatest 15)."""
+    shape = (out, inner // BLOCK, BLOCK)
+    d = (torch.rand(out, inner // BLOCK, 1, generator=g) * 0.02).half().float()
+    if fmt == "q4":
+        q = torch.randint(0, 16, shape, generator=g).float()
+        q[..., 0], q[..., 1] = 0, 15
+        m = (-torch.rand(out, inner // BLOCK, 1, generator=g) * 0.1).half().float()
+        return (d * q + m).reshape(out, inner)
+    if fmt == "q8":
+        q = torch.randint(-127, 128, shape, generator=g).float()
+        q[..., 0] = 127
+        return (d * q).reshape(out, inner)
+    return torch.randn(out, inner, generator=g).bfloat16().float()

@@ -53,8 +53,10 @@ PROBE = [[(1, False)], [(LONE_TOKENS, True)], [(1, False)] * 16]
 # the rows the head is timed at in its layout and as W @ xᵀ: a lone row verifying, and batches decoding
 HEAD_TRIALS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 24, 32)
 # the tokens of the lone forwards the layers' matmuls are timed at as laid out and as W @ xᵀ (whole forwards:
-# a weight alone stays in cache, where the forward streams every weight from memory)
-LAYER_TRIALS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16)
+# a weight alone stays in cache, where the forward streams every weight from memory); past 16, since panels
+# in Q4_1 still beat oneDNN at 24 rows (bench/matmuls.py: 42.7 against 48.8 ms), which 16 rows decoding
+# with drafts to verify reach
+LAYER_TRIALS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 24, 32)
 # a route as W @ xᵀ is taken where it runs at most this fraction of the layout's time: where the two are
 # within noise (6-8 tokens on an AMD EPYC: 43-55 ms either way, by the round), the layout's kernels stay
 ROUTE_MARGIN = 0.97

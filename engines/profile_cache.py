@@ -33,12 +33,14 @@ import torch
 
 from engines.layouts import LAYOUTS, pack_rows, packs_agree, route_columns
 from engines.llama import LlamaModel, LlamaWeights
+from engines.panels import SOURCE as PANELS_SOURCE
 from engines.panels import kernel
 from engines.profile import Profile, choose_layout, combination, layouts_to_try, probe_s
 
 log = logging.getLogger(__name__)
 
-FORMAT = "specgate.profile.v3"  # v2: the routes as W @ xᵀ and the step cost's jump off them (h); v3: their kernel
+# v2: the routes as W @ xᵀ and the step cost's jump off them (h); v3: their kernel; v4: their trials to 32 tokens
+FORMAT = "specgate.profile.v4"
 DRIFT = 1.3  # a kept profile is taken while its probe forwards now run within this factor of its figure
 RIVAL = 1.1  # ... and while its runner-up does not now run them this much faster
 _CPU_FIELDS = ("vendor_id", "cpu family", "model", "model name", "stepping", "flags")
@@ -66,6 +68,8 @@ def profile_key(model: LlamaModel, weights: list[LlamaWeights], pack: bool | str
         "cpu": cpu_identity(), "cores": cores, "torch": torch.__version__, "model": repr(model.cfg),
         "dtype": str(model.dtype), "weights": [[len(w.layers), list(w.embed.shape)] for w in weights],
         "pack": pack, "threads": threads, "bf16": bf16, "routes": routes,
+        # the routes' own kernel: a profile timed with another source of it ranks kernels that no longer run
+        "kernel": hashlib.sha256(PANELS_SOURCE.read_bytes()).hexdigest()[:16],
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20], parts
 

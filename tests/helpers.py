@@ -51,6 +51,25 @@ def lean_from_hf(hf_model, dtype=torch.float64) -> LlamaModel:
     return LlamaModel(cfg, weights)
 
 
+def as_gguf(weights: LlamaWeights) -> LlamaWeights:
+    """The weights through GGUF's own quantizers and back, in place, as a GGUF model
+    loads: the layers' matmuls Q4_1, the head Q8_0 (float32)."""
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import dequantize, quantize
+
+    from engines.layouts import MATMULS
+
+    def through(w: torch.Tensor, qtype) -> torch.Tensor:
+        a = w.detach().to(torch.float32).numpy()
+        return torch.from_numpy(dequantize(quantize(a, qtype), qtype).reshape(a.shape).copy())
+
+    for lw in weights.layers:
+        for name in MATMULS:
+            setattr(lw, name, through(getattr(lw, name), Q.Q4_1))
+    weights.lm_head = through(weights.lm_head, Q.Q8_0)
+    return weights
+
+
 def tiny_loaded(seed=0, scale=1.0, words=WORDS, dtype=torch.float64, **kw) -> LoadedModel:
     hf = tiny_hf_model(vocab=len(words), seed=seed, scale=scale, **kw)
     return LoadedModel(lean_from_hf(hf, dtype), tiny_tokenizer(words), hf.config, "tiny")

@@ -125,3 +125,44 @@ def test_the_start_up_check_refuses_a_kernel_that_computes_otherwise(k, monkeypa
     assert says in (panels.check(k) or "")
     monkeypatch.undo()
     assert panels.check(k) is None
+
+
+@pytest.mark.parametrize("fmt, bytes_per_weight", [("q4", 0.75), ("q8", 1.125), ("bfloat16", 2.0)])
+def test_a_weight_in_a_block_format_streams_in_it_to_the_float32_panels_bits(k, fmt, bytes_per_weight):
+    g = torch.Generator().manual_seed(3)
+    w = panels.exactly(fmt, 37, 3 * panels.BLOCK, g)  # a partial last panel
+    p, f32 = panels.Panel(w, k), panels.Panel(w, k, formats=False)
+    assert (p.fmt, f32.fmt) == (fmt, "float32")
+    assert p.packed.numel() * p.packed.element_size() == 40 * w.shape[1] * bytes_per_weight  # 10 panels of 4 rows
+    assert torch.equal(p.unpack(), w)
+    for m in range(1, 14):
+        x = torch.randn(m, w.shape[1], generator=g)
+        got = p(x)
+        assert torch.equal(got, f32(x)), m  # the same values summed in the same order
+        want = x.double() @ w.double().t()
+        assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-5 * float(want.abs().max())), m
+
+
+def test_weights_through_ggufs_own_quantizers_are_recognised_and_nothing_is_approximated(k):
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import dequantize, quantize
+
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(24, 4 * panels.BLOCK, generator=g) * 0.05
+    for qtype, fmt in ((Q.Q4_1, "q4"), (Q.Q8_0, "q8")):
+        back = torch.from_numpy(dequantize(quantize(w.numpy(), qtype), qtype).reshape(w.shape).copy())
+        assert panels.Panel(back, k).fmt == fmt
+        nudged = back.clone()
+        nudged[5, 7] = torch.nextafter(nudged[5, 7], torch.tensor(1.0))  # one value off its format
+        p = panels.Panel(nudged, k)
+        assert p.fmt != fmt and torch.equal(p.unpack(), nudged)
+    assert panels.encode(w) is None and panels.Panel(w, k).fmt == "float32"
+    odd = w[:, :3 * k.lanes].bfloat16().float()  # bfloat16 values, but not whole blocks (3 · 8 or 3 · 16 columns)
+    assert panels.Panel(odd, k).fmt == "float32"
+
+
+def test_the_start_up_check_refuses_block_formats_that_compute_otherwise(k, monkeypatch):
+    call = panels.Panel.__call__
+    monkeypatch.setattr(panels.Panel, "__call__",
+                        lambda self, x: call(self, x) * (1 + 1e-6 * (self.fmt == "q8")))
+    assert "q8 panel are not the float32 panel's bits" in (panels.check(k) or "")

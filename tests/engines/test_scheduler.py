@@ -11,11 +11,13 @@ from engines.api import SamplingParams
 from engines.builtin import BuiltinEngine, BuiltinHandle
 from engines.config import EngineConfig, NgramDraftConfig, TargetConfig
 from engines.layouts import Columns, route_columns
+from engines.layouts import routed as routed_columns
 from engines.llama import LlamaModel
 from engines.proposers import ModelDraftProposer, NgramProposer
 from engines.scheduler import Scheduler
 from tests.helpers import (
     WORDS,
+    as_gguf,
     assert_follows,
     engine_over,
     exact_joint_of_first_tokens,
@@ -85,24 +87,34 @@ def test_greedy_output_is_the_same_alone_with_plain_neighbours_and_with_mixed_ar
     assert sum(r.stats.accepted for r in mixed) > 0
 
 
-@pytest.mark.parametrize("panels", [False, True])
+@pytest.mark.parametrize("panels", [False, True, "gguf"])
 def test_weights_routed_as_w_x_transposed_change_no_greedy_output_of_any_arm(panels):
     """The routes (engines/layouts.py: Columns, here the layers for up to 3 tokens, the
     head for up to 2 rows; by MKL or by the panels kernel, which takes float32 weights)
-    move logits by rounding only."""
+    move logits by rounding only; weights as a GGUF model loads them (Q4_1 layers, a
+    Q8_0 head) stream in those formats, to the same bits."""
     arms = ["ngram:4", "half:2", "plain", "half:6", "ngram:1"]
     reqs = [dataclasses.replace(req(i, p, a), fixed_gamma=True) for i, (p, a) in enumerate(zip(PROMPTS, arms))]
     dtype = torch.float32 if panels else torch.float64
 
-    def routed():
+    def unrouted():
         eng = make_engine(dtype=dtype)
-        route_columns(eng.model.weights, 3, 2, panels=panels)
-        assert isinstance(eng.model.weights.lm_head, Columns) and eng.model.weights.lm_head.on_panels == panels
+        if panels == "gguf":
+            as_gguf(eng.model.weights)
+        return eng
+
+    def routed():
+        eng = unrouted()
+        route_columns(eng.model.weights, 3, 2, panels=bool(panels))
+        head = eng.model.weights.lm_head
+        assert isinstance(head, Columns) and head.on_panels == bool(panels)
+        if panels == "gguf":
+            assert head.panel.fmt == "q8" and {c.panel.fmt for c in routed_columns(eng.model.weights)} == {"q4"}
         return eng
     for r in reqs:  # alone: one row, its verifications of 1-6 drafts on either side of the route
-        assert run_together(routed(), [r])[0].token_ids == run_together(make_engine(dtype=dtype), [r])[0].token_ids
+        assert run_together(routed(), [r])[0].token_ids == run_together(unrouted(), [r])[0].token_ids
     together = run_together(routed(), reqs)
-    assert [r.token_ids for r in together] == [r.token_ids for r in run_together(make_engine(dtype=dtype), reqs)]
+    assert [r.token_ids for r in together] == [r.token_ids for r in run_together(unrouted(), reqs)]
     assert sum(r.stats.accepted for r in together) > 0
 
 

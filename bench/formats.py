@@ -1,0 +1,107 @@
+"""Weights streamed in their block formats (engines/panels.py: Q4_1, Q8_0,
+bfloat16) against the same panels in float32, A/B in one process.
+
+The engine as `make run` builds it: its routed weights in panels, each in the
+smallest format that gives back its exact values (SmolLM2's layers Q4_1, its
+tied head Q8_0; the EAGLE head's own weights bfloat16, its rows of the target's
+head Q8_0). The other side runs every one of those panels in float32, with the
+same routes and a step-cost model fitted that way. The two alternate round by
+round:
+- lone forwards feeding 1 to 9 tokens (each its fastest of three a round);
+- the dev split's benchmark prompts (the first --per-category of each category)
+  served alone and greedy under each arm (bench/routes.py::serve_alternated);
+then every prompt once more under each arm both ways: how many greedy outputs
+differ (none should: the formats give the float32 panels' bits).
+
+    .venv/bin/python bench/formats.py --rounds 4 --per-category 1
+"""
+
+from __future__ import annotations
+
+LONE = tuple(range(1, 10))
+
+
+def panels_of(engine) -> list:
+    """Every routed weight the engine runs by the panels: the target's and its EAGLE drafts'."""
+    from engines.layouts import Columns, routed
+    from engines.proposers.eagle import EagleProposer
+
+    eagles = {id(p.draft): p.draft for f in engine.drafts.values() if isinstance(p := f(1), EagleProposer)}
+    weights = [engine.model.weights, *(e.model.weights for e in eagles.values())]
+    cols = [c for w in weights for c in (*routed(w), w.lm_head)]
+    cols += [c for e in eagles.values() for c in (e.fc, e.reduce)]
+    return [c for c in cols if isinstance(c, Columns) and c.on_panels]
+
+
+def run(rounds: int, config: str | None, per_category: int, max_tokens: int, arms: list[str]) -> tuple[dict, str]:
+    import collections
+    import json
+
+    import numpy as np
+
+    from bench import default_data_path
+    from bench.engine import pick_prompts
+    from bench.greedy_head import differing
+    from bench.routes import serve_alternated
+    from engines.builtin import BuiltinEngine, drive_from_side_thread
+    from engines.config import load_engine_config
+    from engines.panels import Panel
+    from engines.profile import fastest_steps, fit_cost
+
+    engine = BuiltinEngine.from_config(load_engine_config(config), start_worker=False)
+    model, prof = engine.model, engine.profile
+    cols = panels_of(engine)
+    formats = collections.Counter(c.panel.fmt for c in cols)
+    if set(formats) == {"float32"}:
+        raise SystemExit("no routed weight streams in a block format here: " + prof.describe())
+    sides = {True: [c.panel for c in cols], False: [Panel(c.dense, c.panel.k, formats=False) for c in cols]}
+    costs = {True: engine._sched.cost}
+
+    def switch(on: bool) -> None:
+        for c, p in zip(cols, sides[on]):
+            c.panel = p
+        engine._sched.cost = costs[on]
+
+    costs[False] = costs[True]
+    switch(False)
+    costs[False] = fit_cost(model, prof.packed_from, prof.layers_upto)  # float32's own prices
+    rows = pick_prompts([json.loads(x) for x in default_data_path().read_text().splitlines() if x.strip()],
+                        per_category, None)
+    lone: dict[bool, list[list[float]]] = {False: [], True: []}
+    for r in range(rounds):
+        for on in ((False, True) if r % 2 == 0 else (True, False)):
+            switch(on)
+            lone[on].append(fastest_steps(model, [[(t, t > 1)] for t in LONE], repeats=3))
+
+    def serve() -> dict:
+        out = serve_alternated(engine, rows, rounds, switch, arms, max_tokens)
+        return out | {"differ": {arm: differing(engine, rows, arm, max_tokens, switch) for arm in arms}}
+    out = drive_from_side_thread(engine, serve)
+    a, b = np.array(lone[False]), np.array(lone[True])  # [rounds, sizes]
+    out["lone"] = {t: (float(np.median(a[:, i])) * 1e3, float(np.median(b[:, i])) * 1e3, list(b[:, i] / a[:, i]))
+                   for i, t in enumerate(LONE)}
+    mb = {on: sum(p.packed.numel() * p.packed.element_size() for p in ps) / 2**20 for on, ps in sides.items()}
+    return out, (f"{len(rows)} prompts, {max_tokens} tokens each; {len(cols)} routed weights in panels "
+                 f"({', '.join(f'{n} {f}' for f, n in formats.most_common())}): {mb[True]:.0f} MB against "
+                 f"{mb[False]:.0f} MB in float32; " + prof.describe())
+
+
+def main() -> int:
+    from bench import cpu_model
+    from bench.routes import interval, print_alternated, serving_args
+
+    a = serving_args(__doc__, 4, "side")
+    res, about = run(a.rounds, a.config, a.per_category, a.max_tokens, a.arms)
+    differ, lone = res.pop("differ"), res.pop("lone")
+    print(f"machine: {cpu_model()}; {about}")
+    for t, (f32, fmt, ratios) in lone.items():
+        med, lo, hi = interval(ratios)
+        print(f"lone row, {t} token{'s' * (t > 1)}   float32 {f32:6.2f} ms  formats {fmt:6.2f} ms  "
+              f"ratio {med:.3f} [{lo:.3f}, {hi:.3f}]")
+    print_alternated({k: v for k, v in res.items() if k[1] == "decode tok/s"}, "float32", "formats")
+    print("greedy outputs differing between the sides: " + ", ".join(f"{a} {n}" for a, n in differ.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
