@@ -18,8 +18,6 @@ differ (none should: the formats give the float32 panels' bits).
 
 from __future__ import annotations
 
-LONE = tuple(range(1, 10))
-
 
 def panels_of(engine) -> list:
     """Every routed weight the engine runs by the panels: the target's and its EAGLE drafts'."""
@@ -37,16 +35,13 @@ def run(rounds: int, config: str | None, per_category: int, max_tokens: int, arm
     import collections
     import json
 
-    import numpy as np
-
     from bench import default_data_path
     from bench.engine import pick_prompts
-    from bench.greedy_head import differing
-    from bench.routes import serve_alternated
-    from engines.builtin import BuiltinEngine, drive_from_side_thread
+    from bench.routes import lone_alternated, served_and_compared
+    from engines.builtin import BuiltinEngine
     from engines.config import load_engine_config
     from engines.panels import Panel
-    from engines.profile import fastest_steps, fit_cost
+    from engines.profile import fit_cost
 
     engine = BuiltinEngine.from_config(load_engine_config(config), start_worker=False)
     model, prof = engine.model, engine.profile
@@ -67,19 +62,8 @@ def run(rounds: int, config: str | None, per_category: int, max_tokens: int, arm
     costs[False] = fit_cost(model, prof.packed_from, prof.layers_upto)  # float32's own prices
     rows = pick_prompts([json.loads(x) for x in default_data_path().read_text().splitlines() if x.strip()],
                         per_category, None)
-    lone: dict[bool, list[list[float]]] = {False: [], True: []}
-    for r in range(rounds):
-        for on in ((False, True) if r % 2 == 0 else (True, False)):
-            switch(on)
-            lone[on].append(fastest_steps(model, [[(t, t > 1)] for t in LONE], repeats=3))
-
-    def serve() -> dict:
-        out = serve_alternated(engine, rows, rounds, switch, arms, max_tokens)
-        return out | {"differ": {arm: differing(engine, rows, arm, max_tokens, switch) for arm in arms}}
-    out = drive_from_side_thread(engine, serve)
-    a, b = np.array(lone[False]), np.array(lone[True])  # [rounds, sizes]
-    out["lone"] = {t: (float(np.median(a[:, i])) * 1e3, float(np.median(b[:, i])) * 1e3, list(b[:, i] / a[:, i]))
-                   for i, t in enumerate(LONE)}
+    lone = lone_alternated(model, rounds, switch)
+    out = served_and_compared(engine, rows, rounds, switch, arms, max_tokens) | {"lone": lone}
     mb = {on: sum(p.packed.numel() * p.packed.element_size() for p in ps) / 2**20 for on, ps in sides.items()}
     return out, (f"{len(rows)} prompts, {max_tokens} tokens each; {len(cols)} routed weights in panels "
                  f"({', '.join(f'{n} {f}' for f, n in formats.most_common())}): {mb[True]:.0f} MB against "
@@ -88,18 +72,13 @@ def run(rounds: int, config: str | None, per_category: int, max_tokens: int, arm
 
 def main() -> int:
     from bench import cpu_model
-    from bench.routes import interval, print_alternated, serving_args
+    from bench.routes import print_lone, print_served, serving_args
 
     a = serving_args(__doc__, 4, "side")
     res, about = run(a.rounds, a.config, a.per_category, a.max_tokens, a.arms)
-    differ, lone = res.pop("differ"), res.pop("lone")
     print(f"machine: {cpu_model()}; {about}")
-    for t, (f32, fmt, ratios) in lone.items():
-        med, lo, hi = interval(ratios)
-        print(f"lone row, {t} token{'s' * (t > 1)}   float32 {f32:6.2f} ms  formats {fmt:6.2f} ms  "
-              f"ratio {med:.3f} [{lo:.3f}, {hi:.3f}]")
-    print_alternated({k: v for k, v in res.items() if k[1] == "decode tok/s"}, "float32", "formats")
-    print("greedy outputs differing between the sides: " + ", ".join(f"{a} {n}" for a, n in differ.items()))
+    print_lone(res.pop("lone"), "float32", "formats")
+    print_served(res, "float32", "formats", "sides")
     return 0
 
 

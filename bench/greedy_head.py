@@ -24,8 +24,8 @@ def run(rounds: int, config: str | None, per_category: int, max_tokens: int, arm
 
     from bench import default_data_path
     from bench.engine import pick_prompts
-    from bench.routes import serve_alternated
-    from engines.builtin import BuiltinEngine, drive_from_side_thread
+    from bench.routes import served_and_compared
+    from engines.builtin import BuiltinEngine
     from engines.config import load_engine_config
     from engines.greedy_head import CALIBRATION_TEXT, calibrate
 
@@ -51,10 +51,7 @@ def run(rounds: int, config: str | None, per_category: int, max_tokens: int, arm
         return out
     model._logits = timed
 
-    def serve() -> dict:
-        out = serve_alternated(engine, rows, rounds, switch, arms, max_tokens)
-        return out | {"differ": {arm: differing(engine, rows, arm, max_tokens, switch) for arm in arms}}
-    out = drive_from_side_thread(engine, serve)  # the decode loop on this thread, as `specgate serve` runs it
+    out = served_and_compared(engine, rows, rounds, switch, arms, max_tokens)
     screened = head.candidates / max(head.screens, 1)
     out["head ms"] = {on: (len(v), float(np.median(v)) * 1e3) for on, v in head_s.items()}
     return out, (
@@ -63,33 +60,17 @@ def run(rounds: int, config: str | None, per_category: int, max_tokens: int, arm
         + engine.profile.describe())
 
 
-def differing(engine, rows: list[dict], arm: str, max_tokens: int, switch) -> int:
-    """Prompts whose greedy output under `arm` differs between the full head and the two
-    stages (from a thread beside the decode loop's)."""
-    from engines.api import ChatMessage, GenerationRequest, SamplingParams
-    from engines.arms import Arm
-
-    def outputs(on: bool) -> list[tuple[int, ...]]:
-        switch(on)
-        return [tuple(engine.submit(GenerationRequest(
-            f"same-{arm}-{on}-{i}", SamplingParams(max_tokens=max_tokens, temperature=0.0),
-            messages=(ChatMessage("user", row["turns"][0]),), arm=Arm.parse(arm))).wait(600).token_ids)
-            for i, row in enumerate(rows)]
-    return sum(a != b for a, b in zip(outputs(False), outputs(True)))
-
-
 def main() -> int:
     from bench import cpu_model
-    from bench.routes import print_alternated, serving_args
+    from bench.routes import print_served, serving_args
 
     a = serving_args(__doc__, 6, "head")
     res, about = run(a.rounds, a.config, a.per_category, a.max_tokens, a.arms)
-    differ, head = res.pop("differ"), res.pop("head ms")
+    head = res.pop("head ms")
     print(f"machine: {cpu_model()}; {about}")
     print(f"the head in a forward with greedy rows, median: full {head[False][1]:.2f} ms ({head[False][0]} forwards), "
           f"two-stage {head[True][1]:.2f} ms ({head[True][0]})")
-    print_alternated({k: v for k, v in res.items() if k[1] == "decode tok/s"}, "full", "two-stage")
-    print("greedy outputs differing between the heads: " + ", ".join(f"{a} {n}" for a, n in differ.items()))
+    print_served(res, "full", "two-stage", "heads")
     return 0
 
 

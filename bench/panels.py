@@ -19,22 +19,17 @@ differ.
 
 from __future__ import annotations
 
-LONE = tuple(range(1, 10))
-
 
 def run(rounds: int, config: str | None, per_category: int, max_tokens: int, arms: list[str]) -> tuple[dict, str]:
     import json
 
-    import numpy as np
-
     from bench import default_data_path
     from bench.engine import pick_prompts
-    from bench.greedy_head import differing
-    from bench.routes import serve_alternated
-    from engines.builtin import BuiltinEngine, drive_from_side_thread
+    from bench.routes import lone_alternated, served_and_compared
+    from engines.builtin import BuiltinEngine
     from engines.config import load_engine_config
     from engines.layouts import Columns, routed
-    from engines.profile import choose_head, fastest_steps, fit_cost, upto_where_faster
+    from engines.profile import choose_head, fit_cost, upto_where_faster
 
     engine = BuiltinEngine.from_config(load_engine_config(config), start_worker=False)
     model, prof, w = engine.model, engine.profile, engine.model.weights
@@ -62,37 +57,21 @@ def run(rounds: int, config: str | None, per_category: int, max_tokens: int, arm
     rows = pick_prompts([json.loads(x) for x in default_data_path().read_text().splitlines() if x.strip()],
                         per_category, None)
 
-    lone: dict[bool, list[list[float]]] = {False: [], True: []}
-    for r in range(rounds):
-        for on in ((False, True) if r % 2 == 0 else (True, False)):
-            switch(on)
-            lone[on].append(fastest_steps(model, [[(t, t > 1)] for t in LONE], repeats=3))
-
-    def serve() -> dict:
-        out = serve_alternated(engine, rows, rounds, switch, arms, max_tokens)
-        return out | {"differ": {arm: differing(engine, rows, arm, max_tokens, switch) for arm in arms}}
-    out = drive_from_side_thread(engine, serve)  # the decode loop on this thread, as `specgate serve` runs it
-    a, b = np.array(lone[False]), np.array(lone[True])  # [rounds, sizes]
-    out["lone"] = {t: (float(np.median(a[:, i])) * 1e3, float(np.median(b[:, i])) * 1e3, list(b[:, i] / a[:, i]))
-                   for i, t in enumerate(LONE)}
+    lone = lone_alternated(model, rounds, switch)
+    out = served_and_compared(engine, rows, rounds, switch, arms, max_tokens) | {"lone": lone}
     return out, (f"{len(rows)} prompts, {max_tokens} tokens each; MKL: the layers up to {mkl_layers} tokens, "
                  f"the head up to {mkl_head} rows; " + prof.describe())
 
 
 def main() -> int:
     from bench import cpu_model
-    from bench.routes import interval, print_alternated, serving_args
+    from bench.routes import print_lone, print_served, serving_args
 
     a = serving_args(__doc__, 4, "kernel")
     res, about = run(a.rounds, a.config, a.per_category, a.max_tokens, a.arms)
-    differ, lone = res.pop("differ"), res.pop("lone")
     print(f"machine: {cpu_model()}; {about}")
-    for t, (mkl, panels, ratios) in lone.items():
-        med, lo, hi = interval(ratios)
-        print(f"lone row, {t} token{'s' * (t > 1)}   MKL {mkl:6.2f} ms  panels {panels:6.2f} ms  "
-              f"ratio {med:.3f} [{lo:.3f}, {hi:.3f}]")
-    print_alternated({k: v for k, v in res.items() if k[1] == "decode tok/s"}, "MKL", "panels")
-    print("greedy outputs differing between the kernels: " + ", ".join(f"{a} {n}" for a, n in differ.items()))
+    print_lone(res.pop("lone"), "MKL", "panels")
+    print_served(res, "MKL", "panels", "kernels")
     return 0
 
 

@@ -128,6 +128,67 @@ def serve_alternated(engine, rows: list[dict], rounds: int, switch, arms: list[s
                     list(np.array(v[True]) / np.array(v[False]))) for k, v in runs.items()}
 
 
+def served_and_compared(engine, rows: list[dict], rounds: int, switch, arms: list[str], max_tokens: int) -> dict:
+    """serve_alternated with the decode loop on this (main) thread, as `specgate serve` runs
+    it, then, under "differ", per arm how many greedy outputs differ between the sides."""
+    from engines.builtin import drive_from_side_thread
+
+    def serve() -> dict:
+        out = serve_alternated(engine, rows, rounds, switch, arms, max_tokens)
+        return out | {"differ": {arm: differing(engine, rows, arm, max_tokens, switch) for arm in arms}}
+    return drive_from_side_thread(engine, serve)
+
+
+def differing(engine, rows: list[dict], arm: str, max_tokens: int, switch) -> int:
+    """Prompts whose greedy output under `arm` differs between switch(False) and
+    switch(True) (from a thread beside the decode loop's)."""
+    from engines.api import ChatMessage, GenerationRequest, SamplingParams
+    from engines.arms import Arm
+
+    def outputs(on: bool) -> list[tuple[int, ...]]:
+        switch(on)
+        return [tuple(engine.submit(GenerationRequest(
+            f"same-{arm}-{on}-{i}", SamplingParams(max_tokens=max_tokens, temperature=0.0),
+            messages=(ChatMessage("user", row["turns"][0]),), arm=Arm.parse(arm))).wait(600).token_ids)
+            for i, row in enumerate(rows)]
+    return sum(a != b for a, b in zip(outputs(False), outputs(True)))
+
+
+LONE = tuple(range(1, 10))  # tokens a lone row feeds in lone_alternated
+
+
+def lone_alternated(model, rounds: int, switch) -> dict[int, tuple[float, float, list[float]]]:
+    """Lone forwards feeding 1 to 9 tokens, each its fastest of three a round, the sides
+    alternating round by round: per size (median off ms, median on ms, on/off ratio per round)."""
+    import numpy as np
+
+    from engines.profile import fastest_steps
+
+    lone: dict[bool, list[list[float]]] = {False: [], True: []}
+    for r in range(rounds):
+        for on in ((False, True) if r % 2 == 0 else (True, False)):
+            switch(on)
+            lone[on].append(fastest_steps(model, [[(t, t > 1)] for t in LONE], repeats=3))
+    a, b = np.array(lone[False]), np.array(lone[True])  # [rounds, sizes]
+    return {t: (float(np.median(a[:, i])) * 1e3, float(np.median(b[:, i])) * 1e3, list(b[:, i] / a[:, i]))
+            for i, t in enumerate(LONE)}
+
+
+def print_lone(lone: dict, off: str, on: str) -> None:
+    """lone_alternated()'s figures, a line per size."""
+    for t, (a, b, ratios) in lone.items():
+        med, lo, hi = interval(ratios)
+        print(f"lone row, {t} token{'s' * (t > 1)}   {off} {a:6.2f} ms  {on} {b:6.2f} ms  "
+              f"ratio {med:.3f} [{lo:.3f}, {hi:.3f}]")
+
+
+def print_served(res: dict, off: str, on: str, sides: str) -> None:
+    """served_and_compared()'s decode speeds and differing outputs."""
+    print_alternated({k: v for k, v in res.items() if k[1] == "decode tok/s"}, off, on)
+    print(f"greedy outputs differing between the {sides}: "
+          + ", ".join(f"{a} {n}" for a, n in res["differ"].items()))
+
+
 SERVED_ARMS = ("plain", "ngram:8", "eagle:6", "ngram-eagle:8")  # what the A/B benches serve by default
 
 
