@@ -10,7 +10,7 @@ another it loses 1.4-1.6x, and there bfloat16 matmuls cost the same for 1 to
 a copy of the weights MKL packed (engines/layouts.py), from how many tokens
 it wins, and keep it from there. Time the target's forwards with its layers'
 matmuls as laid out and as W @ xᵀ (engines/layouts.py: Columns) by MKL and by
-the panels kernel (engines/panels.py) for 1 to 16 tokens, keep the faster
+the panels kernel (engines/panels.py) for 1 to 32 tokens, keep the faster
 kernel, then time its head alone both ways for 1 to 32 rows, and run each as
 W @ xᵀ up to the rows where that stops winning by 3%. Then time
 forwards of a few batch shapes to fit the step-cost model the verification
