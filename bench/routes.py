@@ -86,21 +86,25 @@ def run_drafts(rounds: int, config: str | None, per_category: int, max_tokens: i
                  f"{prof.layers_upto} tokens, the head up to {prof.head_upto} rows; " + prof.describe())
 
 
-def alternated(engine, rows: list[dict], rounds: int, switch, arms: list[str], max_tokens: int) -> dict:
+def alternated(engine, rows: list[dict], rounds: int, switch, arms: list[str], max_tokens: int,
+               temperatures: tuple[float, ...] = (0.0,)) -> dict:
     """serve_alternated with the decode loop on this (main) thread, as `specgate serve`
     runs it (the engine is closed after)."""
     from engines.builtin import drive_from_side_thread
 
-    return drive_from_side_thread(engine, lambda: serve_alternated(engine, rows, rounds, switch, arms, max_tokens))
+    return drive_from_side_thread(engine, lambda: serve_alternated(engine, rows, rounds, switch, arms, max_tokens,
+                                                                   temperatures))
 
 
-def serve_alternated(engine, rows: list[dict], rounds: int, switch, arms: list[str], max_tokens: int) -> dict:
-    """Serve `rows` (first turns) alone and greedy under each arm (`DRAFT:G`, `/fixed`
-    for a fixed γ) with `switch(False)` and `switch(True)` alternating round by round,
-    from a thread beside the decode loop's. Per (arm, figure): (median off, median on,
-    on/off ratio per round), the figures being accepted per drafted token, drafting ms
-    per drafted token (the first round's reading of the prompt included) and tokens per
-    second after each request's first (prefill left out)."""
+def serve_alternated(engine, rows: list[dict], rounds: int, switch, arms: list[str], max_tokens: int,
+                     temperatures: tuple[float, ...] = (0.0,)) -> dict:
+    """Serve `rows` (first turns) alone under each arm (`DRAFT:G`, `/fixed` for a fixed γ)
+    at each temperature (greedy by default; an arm is named `ARM@T` beside others) with
+    `switch(False)` and `switch(True)` alternating round by round, from a thread beside
+    the decode loop's. Per (arm, figure): (median off, median on, on/off ratio per
+    round), the figures being accepted per drafted token, drafting ms per drafted token
+    (the first round's reading of the prompt included) and tokens per second after each
+    request's first (prefill left out)."""
     import numpy as np
 
     from engines.api import ChatMessage, GenerationRequest, SamplingParams
@@ -110,12 +114,13 @@ def serve_alternated(engine, rows: list[dict], rounds: int, switch, arms: list[s
     for r in range(rounds):
         for on in ((False, True) if r % 2 == 0 else (True, False)):
             switch(on)  # the loop is idle: every request has ended
-            for arm in arms:
+            for arm, t in ((a, t) for t in temperatures for a in arms):
                 parsed, fixed = Arm.parse(arm.removesuffix("/fixed")), arm.endswith("/fixed")
                 stats = [engine.submit(GenerationRequest(
-                    f"{arm}-{on}-{i}", SamplingParams(max_tokens=max_tokens, temperature=0.0),
+                    f"{arm}-{t}-{on}-{i}", SamplingParams(max_tokens=max_tokens, temperature=t),
                     messages=(ChatMessage("user", row["turns"][0]),), arm=parsed,
                     fixed_gamma=fixed)).wait(600).stats for i, row in enumerate(rows)]
+                arm = arm if temperatures == (0.0,) else f"{arm}@{t:g}"
                 drafted = max(sum(x.drafted for x in stats), 1)
                 decoding = sum(x.total_s - x.ttft_s for x in stats)  # after the first token
                 figures = {"accepted/drafted": sum(x.accepted for x in stats) / drafted,

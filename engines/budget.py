@@ -298,12 +298,11 @@ def token_price(cost: StepCost, tokens: int, rows: int, multi: int, span: int) -
 
 def drafting_price(old: float | None, seconds: float, tokens: int) -> float:
     """A model draft's drafting price, seconds per drafted token: a moving average
-    of its calls, each call's share capped at 3x the average. A request's first call
-    also reads its prompt through the draft (a one-off the policy prices per
-    request): measured on the EAGLE head, such calls cost up to 18x a round's drafting
-    per token, and averaged in whole they priced the next few dozen rounds' drafting
-    up to 2.9x too high. Capped, a machine that really slows is still followed (the
-    price may rise 1.2x a call)."""
+    of its calls, each call's share capped at 3x the average. The drafts' clocks
+    leave a catch-up out (engines/proposers/base.py: DraftingClock); a call timed
+    whole (a draft without a clock) may still read a prompt through the draft, up
+    to 18x a round's drafting per token on the EAGLE head. Capped, a machine that
+    really slows is still followed (the price may rise 1.2x a call)."""
     share = seconds / tokens
     return share if old is None else 0.9 * old + 0.1 * min(share, 3.0 * old)
 

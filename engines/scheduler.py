@@ -338,9 +338,15 @@ class Scheduler:
 
     def _time_drafting(self, r: Running, seconds: float, props: list[Proposal]) -> None:
         """Seconds per drafted token of a model draft (a moving average): the
-        drafting price in the step budget. Prompt lookup's is left at zero (a
-        hybrid's lookup tokens are not counted: the model draft took the time)."""
-        n = sum(int(p.token_ids.numel()) for p in props if r.part(p) == r.priced)
+        drafting price in the step budget. From the proposals' own clocks where
+        they keep them (catching up left out: engines/proposers/base.py
+        DraftingClock), else the whole call's `seconds`. Prompt lookup's is left
+        at zero (a hybrid's lookup tokens are not counted: the model draft took the time)."""
+        mine = [p for p in props if r.part(p) == r.priced]
+        if all(p.cost is not None for p in mine):
+            seconds, n = sum(p.cost[0] for p in mine), sum(p.cost[1] for p in mine)
+        else:
+            n = sum(int(p.token_ids.numel()) for p in mine)
         if r.priced is None or n == 0:
             return
         old = self.drafting_s.get(r.priced)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from engines.api import SamplingParams
 from engines.layouts import dense, linear, route_matmul
 from engines.llama import LayerWeights, LlamaModel, LlamaWeights
-from engines.proposers.base import Proposal, ProposerBase, empty
+from engines.proposers.base import DraftingClock, Proposal, ProposerBase, empty
 from engines.sampling import argmax, logits_to_probs, sample_index
 
 TENSORS = ("norm_levels", "reduce", "norm_e", "norm_f", "fc", "attn_norm", "qkv", "o", "mlp_norm", "gate_up",
@@ -104,6 +104,7 @@ class EagleProposer(ProposerBase):
     def propose_batch(requests: list[tuple[EagleProposer, list[int], int, SamplingParams, torch.Generator]]
                       ) -> list[Proposal]:
         """Proposals for requests sharing one draft, drafted in lockstep."""
+        clock = DraftingClock()
         draft = requests[0][0].draft
         device = draft.embed.device
         items, live = [], []
@@ -124,6 +125,7 @@ class EagleProposer(ProposerBase):
         if not items:
             return out
         logits, hidden = draft.model.forward_many(items, hidden=True)
+        clock.lap({i: int(item[0].shape[0]) for i, item in zip(live, items)}, first=True)
         last = {i: h[-1:] for i, h in zip(live, hidden)}  # the predicted state for the next position
         logit = dict(zip(live, logits))
         toks: dict[int, list[int]] = {i: [] for i in live}
@@ -154,9 +156,11 @@ class EagleProposer(ProposerBase):
             tok = {i: draft.vocab_ids[toks[i][-1]].view(1) for i in feed}
             logits, hidden = draft.model.forward_many(
                 [(draft.inputs(tok[i], last[i]), requests[i][0].cache, False) for i in feed], hidden=True)
+            clock.lap(dict.fromkeys(feed, 1))
             for i, lg, h in zip(feed, logits, hidden):
                 logit[i], last[i] = lg, h
             active = feed
+        clock.stop()
         for i in live:
             idx = torch.tensor(toks[i], device=device)
             ids = draft.vocab_ids[idx]
@@ -164,7 +168,7 @@ class EagleProposer(ProposerBase):
             if requests[i][3].temperature > 0:  # q over the full vocabulary: zero outside the draft's
                 probs = torch.zeros(len(toks[i]), draft.vocab_size, device=device)
                 probs[:, draft.vocab_ids] = torch.stack(qs[i])
-            out[i] = Proposal(ids, probs, torch.tensor(conf[i]))
+            out[i] = Proposal(ids, probs, torch.tensor(conf[i]), cost=clock.cost(i))
         return out
 
 

@@ -14,7 +14,7 @@ import torch
 
 from engines.api import SamplingParams
 from engines.llama import LlamaModel
-from engines.proposers.base import Proposal, ProposerBase
+from engines.proposers.base import DraftingClock, Proposal, ProposerBase
 from engines.sampling import argmax, logits_to_probs, sample_index
 
 
@@ -62,9 +62,11 @@ def propose_many(model: LlamaModel, requests: list[tuple[ModelDraftProposer, lis
     probs: dict[int, list[torch.Tensor]] = {i: [] for i in live}
     conf: dict[int, list[float]] = {i: [] for i in live}
     running = dict.fromkeys(live, 1.0)  # the survival estimate of the drafts so far
+    clock = DraftingClock()
     if live:
-        outs = model.forward_many([(requests[i][0].catch_up(requests[i][1]), requests[i][0].cache, False)
-                                   for i in live])
+        feeds = {i: requests[i][0].catch_up(requests[i][1]) for i in live}
+        outs = model.forward_many([(feeds[i], requests[i][0].cache, False) for i in live])
+        clock.lap({i: int(ids.numel()) for i, ids in feeds.items()}, first=True)
         logits = dict(zip(live, outs))
         active = list(live)
         for step in range(max(gammas[i] for i in live)):
@@ -90,7 +92,10 @@ def propose_many(model: LlamaModel, requests: list[tuple[ModelDraftProposer, lis
                 break
             active = feed
             outs = model.forward_many([(tokens[i][-1], requests[i][0].cache, False) for i in feed])
+            clock.lap(dict.fromkeys(feed, 1))
             logits.update(zip(feed, outs))
+        clock.stop()
     # the draft's confidence in each token: its top probability (calibrated by the scheduler)
-    return [Proposal(torch.cat(tokens[i]), torch.cat(probs[i]), torch.tensor(conf[i])) if i in tokens else empty
+    return [Proposal(torch.cat(tokens[i]), torch.cat(probs[i]), torch.tensor(conf[i]), cost=clock.cost(i))
+            if i in tokens else empty
             for i in range(len(requests))]
