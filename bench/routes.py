@@ -120,14 +120,14 @@ def serve_alternated(engine, rows: list[dict], rounds: int, switch, arms: list[s
                     f"{arm}-{t}-{on}-{i}", SamplingParams(max_tokens=max_tokens, temperature=t),
                     messages=(ChatMessage("user", row["turns"][0]),), arm=parsed,
                     fixed_gamma=fixed)).wait(600).stats for i, row in enumerate(rows)]
-                arm = arm if temperatures == (0.0,) else f"{arm}@{t:g}"
+                name = arm if temperatures == (0.0,) else f"{arm}@{t:g}"
                 drafted = max(sum(x.drafted for x in stats), 1)
                 decoding = sum(x.total_s - x.ttft_s for x in stats)  # after the first token
                 figures = {"accepted/drafted": sum(x.accepted for x in stats) / drafted,
                            "drafting ms/token": sum(x.draft_s for x in stats) / drafted * 1e3,
                            "decode tok/s": sum(x.output_tokens - 1 for x in stats) / decoding}
                 for fig, v in figures.items():
-                    runs.setdefault((arm, fig), {False: [], True: []})[on].append(v)
+                    runs.setdefault((name, fig), {False: [], True: []})[on].append(v)
     with np.errstate(invalid="ignore", divide="ignore"):  # plain drafts nothing: its drafting figures are 0/0
         return {k: (float(np.median(v[False])), float(np.median(v[True])),
                     list(np.array(v[True]) / np.array(v[False]))) for k, v in runs.items()}
