@@ -94,7 +94,7 @@ class DraftingClock:
     positions of rounds it did not draft) is left out with its token: that
     reading is paid once whatever is drafted next, while a drafted token costs a
     one-position forward. Counted whole, such calls priced serving's drafting at
-    2 to 3.5x what a round's forwards took (4.3 ms a token against 1.2), which
+    2.2 to 3.6x what a round's forwards took (4.3 ms a token against 1.2), which
     kept the draft off, which made the next catch-up longer."""
 
     CATCH_UP = 4
