@@ -33,11 +33,8 @@ def panels_of(engine) -> list:
 
 def run(rounds: int, config: str | None, per_category: int, max_tokens: int, arms: list[str]) -> tuple[dict, str]:
     import collections
-    import json
 
-    from bench import default_data_path
-    from bench.engine import pick_prompts
-    from bench.routes import lone_alternated, served_and_compared
+    from bench.routes import dev_prompts, lone_and_served
     from engines.builtin import BuiltinEngine
     from engines.config import load_engine_config
     from engines.panels import Panel
@@ -60,10 +57,8 @@ def run(rounds: int, config: str | None, per_category: int, max_tokens: int, arm
     costs[False] = costs[True]
     switch(False)
     costs[False] = fit_cost(model, prof.packed_from, prof.layers_upto)  # float32's own prices
-    rows = pick_prompts([json.loads(x) for x in default_data_path().read_text().splitlines() if x.strip()],
-                        per_category, None)
-    lone = lone_alternated(model, rounds, switch)
-    out = served_and_compared(engine, rows, rounds, switch, arms, max_tokens) | {"lone": lone}
+    rows = dev_prompts(per_category)
+    out = lone_and_served(engine, rows, rounds, switch, arms, max_tokens)
     mb = {on: sum(p.packed.numel() * p.packed.element_size() for p in ps) / 2**20 for on, ps in sides.items()}
     return out, (f"{len(rows)} prompts, {max_tokens} tokens each; {len(cols)} routed weights in panels "
                  f"({', '.join(f'{n} {f}' for f, n in formats.most_common())}): {mb[True]:.0f} MB against "
@@ -71,15 +66,9 @@ def run(rounds: int, config: str | None, per_category: int, max_tokens: int, arm
 
 
 def main() -> int:
-    from bench import cpu_model
-    from bench.routes import print_lone, print_served, serving_args
+    from bench.routes import lone_and_served_main
 
-    a = serving_args(__doc__, 4, "side")
-    res, about = run(a.rounds, a.config, a.per_category, a.max_tokens, a.arms)
-    print(f"machine: {cpu_model()}; {about}")
-    print_lone(res.pop("lone"), "float32", "formats")
-    print_served(res, "float32", "formats", "sides")
-    return 0
+    return lone_and_served_main(__doc__, run, "float32", "formats", "side")
 
 
 if __name__ == "__main__":

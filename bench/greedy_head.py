@@ -17,14 +17,11 @@ from __future__ import annotations
 
 
 def run(rounds: int, config: str | None, per_category: int, max_tokens: int, arms: list[str]) -> tuple[dict, str]:
-    import json
     import time
 
     import numpy as np
 
-    from bench import default_data_path
-    from bench.engine import pick_prompts
-    from bench.routes import served_and_compared
+    from bench.routes import dev_prompts, served_and_compared
     from engines.builtin import BuiltinEngine
     from engines.config import load_engine_config
     from engines.greedy_head import CALIBRATION_TEXT, calibrate
@@ -33,8 +30,7 @@ def run(rounds: int, config: str | None, per_category: int, max_tokens: int, arm
     model = engine.model
     chosen = model.greedy_head is not None
     head = model.greedy_head or calibrate(model, engine.tokenizer(CALIBRATION_TEXT)["input_ids"])[0]
-    rows = pick_prompts([json.loads(x) for x in default_data_path().read_text().splitlines() if x.strip()],
-                        per_category, None)
+    rows = dev_prompts(per_category)
 
     def switch(on: bool) -> None:
         model.greedy_head = head if on else None

@@ -21,11 +21,7 @@ from __future__ import annotations
 
 
 def run(rounds: int, config: str | None, per_category: int, max_tokens: int, arms: list[str]) -> tuple[dict, str]:
-    import json
-
-    from bench import default_data_path
-    from bench.engine import pick_prompts
-    from bench.routes import lone_alternated, served_and_compared
+    from bench.routes import dev_prompts, lone_and_served
     from engines.builtin import BuiltinEngine
     from engines.config import load_engine_config
     from engines.layouts import Columns, routed
@@ -54,25 +50,16 @@ def run(rounds: int, config: str | None, per_category: int, max_tokens: int, arm
     switch(False)
     mkl_head, _ = choose_head(model)  # the head as the profile would have routed it by MKL
     sides[False] = (mkl_layers, mkl_head, fit_cost(model, prof.packed_from, mkl_layers))
-    rows = pick_prompts([json.loads(x) for x in default_data_path().read_text().splitlines() if x.strip()],
-                        per_category, None)
-
-    lone = lone_alternated(model, rounds, switch)
-    out = served_and_compared(engine, rows, rounds, switch, arms, max_tokens) | {"lone": lone}
+    rows = dev_prompts(per_category)
+    out = lone_and_served(engine, rows, rounds, switch, arms, max_tokens)
     return out, (f"{len(rows)} prompts, {max_tokens} tokens each; MKL: the layers up to {mkl_layers} tokens, "
                  f"the head up to {mkl_head} rows; " + prof.describe())
 
 
 def main() -> int:
-    from bench import cpu_model
-    from bench.routes import print_lone, print_served, serving_args
+    from bench.routes import lone_and_served_main
 
-    a = serving_args(__doc__, 4, "kernel")
-    res, about = run(a.rounds, a.config, a.per_category, a.max_tokens, a.arms)
-    print(f"machine: {cpu_model()}; {about}")
-    print_lone(res.pop("lone"), "MKL", "panels")
-    print_served(res, "MKL", "panels", "kernels")
-    return 0
+    return lone_and_served_main(__doc__, run, "MKL", "panels", "kernel")
 
 
 if __name__ == "__main__":

@@ -23,11 +23,7 @@ import argparse
 
 def run(rounds: int, config: str | None, per_category: int, max_tokens: int, arms: list[str],
         temperatures: tuple[float, ...]) -> tuple[dict, str]:
-    import json
-
-    from bench import default_data_path
-    from bench.engine import pick_prompts
-    from bench.routes import alternated
+    from bench.routes import alternated, dev_prompts
     from engines.builtin import BuiltinEngine
     from engines.config import load_engine_config
     from engines.proposers.base import DraftingClock
@@ -46,8 +42,7 @@ def run(rounds: int, config: str | None, per_category: int, max_tokens: int, arm
         sched.drafting_s.update(prices[on])
         DraftingClock.CATCH_UP = catch_up if on else 1 << 62
 
-    rows = pick_prompts([json.loads(x) for x in default_data_path().read_text().splitlines() if x.strip()],
-                        per_category, None)
+    rows = dev_prompts(per_category)
     try:
         out = alternated(engine, rows, rounds, switch, arms, max_tokens, temperatures)
     finally:

@@ -55,10 +55,6 @@ def run(rounds: int, layers: int | None, head: int | None,
 
 def run_drafts(rounds: int, config: str | None, per_category: int, max_tokens: int) -> tuple[dict, str]:
     """Per (arm, figure): (laid-out median, routed median, routed/laid-out ratio per round)."""
-    import json
-
-    from bench import default_data_path
-    from bench.engine import pick_prompts
     from engines.builtin import BuiltinEngine
     from engines.config import load_engine_config
     from engines.drafts import Drafts
@@ -72,8 +68,7 @@ def run_drafts(rounds: int, config: str | None, per_category: int, max_tokens: i
         raise SystemExit("no EAGLE draft in this config")
     own = Drafts({}, [d.model.weights for d in eagles.values()], list(eagles.values()))
     routes = (prof.layers_upto, prof.head_upto)
-    rows = pick_prompts([json.loads(x) for x in default_data_path().read_text().splitlines() if x.strip()],
-                        per_category, None)
+    rows = dev_prompts(per_category)
     arms = [f"{name}:{gamma}/fixed" for name in eagles for gamma in (1, 3)]
     try:
         out = alternated(engine, rows, rounds,
@@ -144,6 +139,23 @@ def served_and_compared(engine, rows: list[dict], rounds: int, switch, arms: lis
     return drive_from_side_thread(engine, serve)
 
 
+def dev_prompts(per_category: int) -> list[dict]:
+    """The dev split's benchmark prompts: the first `per_category` of each category."""
+    import json
+
+    from bench import default_data_path
+    from bench.engine import pick_prompts
+
+    return pick_prompts([json.loads(x) for x in default_data_path().read_text().splitlines() if x.strip()],
+                        per_category, None)
+
+
+def lone_and_served(engine, rows: list[dict], rounds: int, switch, arms: list[str], max_tokens: int) -> dict:
+    """lone_alternated (under "lone"), then served_and_compared, which closes the engine."""
+    lone = lone_alternated(engine.model, rounds, switch)
+    return served_and_compared(engine, rows, rounds, switch, arms, max_tokens) | {"lone": lone}
+
+
 def differing(engine, rows: list[dict], arm: str, max_tokens: int, switch) -> int:
     """Prompts whose greedy output under `arm` differs between switch(False) and
     switch(True) (from a thread beside the decode loop's)."""
@@ -194,12 +206,26 @@ def print_served(res: dict, off: str, on: str, sides: str) -> None:
           + ", ".join(f"{a} {n}" for a, n in res["differ"].items()))
 
 
+def lone_and_served_main(doc: str, run, off: str, on: str, side: str) -> int:
+    """The command line of an A/B bench whose `run` gives lone_and_served()'s figures
+    and a line about them (bench/formats.py, bench/panels.py): `off` and `on` name
+    the sides, `side` what alternates."""
+    from bench import cpu_model
+
+    a = serving_args(doc, 4, side)
+    res, about = run(a.rounds, a.config, a.per_category, a.max_tokens, a.arms)
+    print(f"machine: {cpu_model()}; {about}")
+    print_lone(res.pop("lone"), off, on)
+    print_served(res, off, on, f"{side}s")
+    return 0
+
+
 SERVED_ARMS = ("plain", "ngram:8", "eagle:6", "ngram-eagle:8")  # what the A/B benches serve by default
 
 
 def serving_args(doc: str, rounds: int, sides: str) -> argparse.Namespace:
     """The command line of an A/B bench that serves the dev prompts under arms with
-    serve_alternated (bench/greedy_head.py, bench/panels.py): --rounds (at least 2),
+    serve_alternated (bench/greedy_head.py, bench/panels.py, bench/formats.py): --rounds (at least 2),
     --config, --per-category, --max-tokens, --arms. `sides`: what alternates."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=rounds,
