@@ -3,6 +3,7 @@
     engine.py      every arm against plain decoding and HF generate, per Spec-Bench category
     load.py        throughput and latency of every arm at concurrency 1..32 (continuous batching)
     steps.py       engine tokens/s of one arm at a fixed batch, step by step: A/B of two checkouts
+    stepcost.py    the step-cost model's prices against forwards it was not fitted on
     gateway.py     the gateway's added latency and echo-engine throughput
     policy.py      decision latency
     telemetry.py   retraining time, publish-to-live latency, outcome write cost

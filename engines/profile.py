@@ -91,7 +91,7 @@ class Profile:
                    f"{self._route(self.head_upto, self.head_s, 'rows')}") if others else ""
         return (f"{self.threads} threads, {LAYOUT_NAMES[self.layout]} weights{layouts}; "
                 f"step cost {self.cost.a * 1e3:.1f} ms + "
-                f"{self.cost.b * 1e3:.2f} ms/matmul row + {self.cost.e * 1e3:.2f} ms/row feeding several + "
+                f"{self._token_cost()} + {self.cost.e * 1e3:.2f} ms/row feeding several + "
                 f"{self.cost.c * 1e3:.2f} ms/row + {self.cost.d * 1e3:.1f} ms beyond one token"
                 f"{self._packs_cost()}; one row, by tokens "
                 f"fed: {' '.join(f'{t}:{s * 1e3:.1f}' for t, s in sorted(self.cost.lone.items()))} ms")
@@ -143,6 +143,11 @@ class Profile:
         mkl, panels = self.panels_s[n]
         return (f" by {'panels' if self.panels else 'MKL'} ({n} tokens: panels {panels * 1e3:.1f} against MKL "
                 f"{mkl * 1e3:.1f} ms)")
+
+    def _token_cost(self) -> str:
+        if not self.layers_upto:
+            return f"{self.cost.b * 1e3:.2f} ms/matmul row"
+        return f"{self.cost.k * 1e3:.2f} ms/matmul row (beyond {self.layers_upto} tokens {self.cost.b * 1e3:.2f})"
 
     def _packs_cost(self) -> str:
         return (f" + {self.cost.g * 1e3:.1f} ms packed" if self.packed_from else "") + (

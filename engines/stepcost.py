@@ -2,11 +2,11 @@
 
 Profiled at start-up (engines/profile.py) and refitted from every step the
 scheduler runs; the verification budget (engines/budget.py) prices drafting
-and verification with it. Many rows: a + b·tokens + c·rows + e·(rows feeding
-more than one token) (+ d once the forward feeds more than one token, + g once
-it runs the MKL-packed copies, + h once it leaves the matmuls run as W @ xᵀ), by
-non-negative least squares. One row: a table
-of measured seconds per token count, times the machine's pace since.
+and verification with it. Many rows: a + b·tokens (k·tokens while the matmuls run as W @ xᵀ) + c·rows
++ e·(rows feeding more than one token) (+ d once the forward feeds more than
+one token, + g once it runs the MKL-packed copies, + h once it leaves the
+matmuls run as W @ xᵀ), by non-negative least squares. One row: a table of
+measured seconds per token count, times the machine's pace since.
 """
 
 from __future__ import annotations
@@ -28,7 +28,12 @@ class StepCost:
 
     Many rows: a + b · tokens + c · rows + e · multi + d · [tokens > 1] + g ·
     [packed] + h · [laid out], least squares over a sliding window of measured
-    steps. `packed`: the forward's tokens reach `packed_from`, where the
+    steps, where a forward whose matmuls run as W @ xᵀ pays k a token instead
+    of b. One slope for both routes was pulled down by prefill chunks (many
+    tokens, laid out, cheap each) and priced a draft verified in a batch of 8
+    rows at 2.5 ms where it took 4.8 at start-up and 6.0 in serving (on an
+    AMD EPYC; a row decoding took 5.3 and 8.0): verification taxed the batch
+    more than the budget saw. `packed`: the forward's tokens reach `packed_from`, where the
     MKL-packed copies (engines/layouts.py) take over from BLAS's small-matrix
     kernels; g is that switch (on the Intel Xeon, 5-9 ms). `laid out`: its tokens
     pass `columns_upto`, where the layers' matmuls leave W @ xᵀ for their layout
@@ -57,8 +62,9 @@ class StepCost:
 
     def __init__(self, a: float = 0.03, b: float = 0.002, c: float = 0.0, d: float = 0.0, window: int = 400,
                  lone: dict[int, float] | None = None, e: float = 0.0, g: float = 0.0,
-                 packed_from: int | None = None, h: float = 0.0, columns_upto: int = 0):
+                 packed_from: int | None = None, h: float = 0.0, columns_upto: int = 0, k: float | None = None):
         self.a, self.b, self.c, self.d, self.e, self.g, self.h = a, b, c, d, e, g, h
+        self.k = b if k is None else k  # per token of a forward run as W @ xᵀ (unfitted: as any other)
         self.packed_from = packed_from  # forwards of at least this many tokens run MKL-packed copies
         self.columns_upto = columns_upto  # forwards of up to this many tokens run the layers as W @ xᵀ (0: none)
         self.lone: dict[int, float] = dict(lone or {})  # tokens fed by a lone row -> seconds at pace 1
@@ -70,26 +76,28 @@ class StepCost:
 
     def to_dict(self) -> dict:
         """The prices (not the window of steps behind them), for a profile kept on disk."""
-        return dict(a=self.a, b=self.b, c=self.c, d=self.d, e=self.e, g=self.g, h=self.h, packed_from=self.packed_from,
+        return dict(a=self.a, b=self.b, c=self.c, d=self.d, e=self.e, g=self.g, h=self.h, k=self.k,
+                    packed_from=self.packed_from,
                     columns_upto=self.columns_upto, lone={str(t): s for t, s in self.lone.items()})
 
     @staticmethod
     def from_dict(d: dict) -> StepCost:
         """From to_dict() output; ValueError (or TypeError) on anything else."""
-        prices = [float(d[k]) for k in "abcdegh"]
+        prices = [float(d[k]) for k in "abcdeghk"]
         lone = {int(t): float(s) for t, s in dict(d["lone"]).items()}
         packed_from, columns_upto = d["packed_from"], d["columns_upto"]
         if not all(map(math.isfinite, prices + list(lone.values()))) or min(lone.values(), default=1.0) <= 0 or (
                 packed_from is not None and (not isinstance(packed_from, int) or packed_from < 1)) or (
                 not isinstance(columns_upto, int) or columns_upto < 0):
             raise ValueError("step-cost prices out of range")
-        a, b, c, dd, e, g, h = prices
-        return StepCost(a, b, c, dd, lone=lone, e=e, g=g, packed_from=packed_from, h=h, columns_upto=columns_upto)
+        a, b, c, dd, e, g, h, k = prices
+        return StepCost(a, b, c, dd, lone=lone, e=e, g=g, packed_from=packed_from, h=h, columns_upto=columns_upto, k=k)
 
     def seconds(self, tokens: int, rows: int, multi: int = 0) -> float:
         """The linear model: `features`' columns written out (the budget prices hundreds of forwards a step)."""
-        return (self.a + self.b * tokens + self.c * rows + self.e * multi + (self.d if tokens > 1 else 0.0)
-                + (self.g if runs_packed(tokens, self.packed_from) else 0.0)
+        as_columns = tokens <= self.columns_upto
+        return (self.a + (self.k if as_columns else self.b) * tokens + self.c * rows + self.e * multi
+                + (self.d if tokens > 1 else 0.0) + (self.g if runs_packed(tokens, self.packed_from) else 0.0)
                 + (self.h if leaves_columns(tokens, self.columns_upto) else 0.0))
 
     def step(self, tokens: int, rows: int, multi: int = 0) -> float:
@@ -127,7 +135,7 @@ class StepCost:
         y = np.array([s for *_, s in self._obs])
         # a column that does not vary in the window is not observable: its coefficient stays as it is
         fixed = [j for j in range(1, COLUMNS) if np.ptp(x[:, j]) == 0]
-        prior = np.array([self.a, self.b, self.c, self.e, self.d, self.g, self.h])
+        prior = np.array([self.a, self.b, self.c, self.e, self.d, self.g, self.h, self.k])
         free = [j for j in range(COLUMNS) if j not in fixed]
         y = y - x[:, fixed] @ prior[fixed]
         x = x[:, free]
@@ -145,9 +153,10 @@ class StepCost:
         self.d = float(new.get(4, self.d))
         self.g = float(new.get(5, self.g))
         self.h = float(new.get(6, self.h))
+        self.k = max(float(new.get(7, self.k)), 1e-5)
 
 
-COLUMNS = 7  # a, b, c, e, d, g, h
+COLUMNS = 8  # a, b, c, e, d, g, h, k
 
 
 def leaves_columns(tokens: int, columns_upto: int) -> bool:
@@ -157,9 +166,11 @@ def leaves_columns(tokens: int, columns_upto: int) -> bool:
 
 
 def features(tokens: int, rows: int, multi: int, packed_from: int | None = None, columns_upto: int = 0) -> list[float]:
-    """One forward's row of the step-cost regression: the columns of a, b, c, e, d, g and h."""
-    return [1.0, float(tokens), float(rows), float(multi), float(tokens > 1), float(runs_packed(tokens, packed_from)),
-            float(leaves_columns(tokens, columns_upto))]
+    """One forward's row of the step-cost regression: the columns of a, b, c, e, d, g, h and k."""
+    as_columns = tokens <= columns_upto
+    return [1.0, 0.0 if as_columns else float(tokens), float(rows), float(multi), float(tokens > 1),
+            float(runs_packed(tokens, packed_from)), float(leaves_columns(tokens, columns_upto)),
+            float(tokens) if as_columns else 0.0]
 
 
 def fit(x: np.ndarray, y: np.ndarray, lone: dict[int, float] | None = None,
@@ -167,9 +178,11 @@ def fit(x: np.ndarray, y: np.ndarray, lone: dict[int, float] | None = None,
     """A step-cost model from forwards timed at start-up (rows of `features`
     with these packed copies and routes), by non-negative least squares (see
     StepCost.refit), with a lone row's table."""
-    (a, b, c, e, d, g, h), _ = nnls(x, y)
+    (a, b, c, e, d, g, h, k), _ = nnls(x, y)
+    # a route no forward took has no slope of its own: it is priced as the other
+    b, k = (k, k) if not x[:, 1].any() else (b, b) if not x[:, 7].any() else (b, k)
     return StepCost(max(float(a), 1e-4), max(float(b), 1e-5), float(c), float(d), lone=lone, e=float(e),
-                    g=float(g), packed_from=packed_from, h=float(h), columns_upto=columns_upto)
+                    g=float(g), packed_from=packed_from, h=float(h), columns_upto=columns_upto, k=max(float(k), 1e-5))
 
 
 def monotone(table: dict[int, float]) -> dict[int, float]:

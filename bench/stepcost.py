@@ -1,0 +1,87 @@
+"""How well the step-cost model prices batches it was not fitted on: the
+start-up profile's forwards (a lone row feeding 1..9 tokens, the batched SHAPES)
+and held-out batches where rows verify drafts beside rows decoding, all timed
+round-robin on the real target, each shape its fastest of `--repeats`. Two
+models are fitted on the start-up forwards alone: the engine's (a token on the
+route as W @ xᵀ priced apart from one laid out, `k` and `b`) and one slope for
+both routes. Per held-out batch: measured, and each model's price over it; then
+what verifying 1 and 4 drafts adds to a batch of 8 rows decoding.
+
+    .venv/bin/python bench/stepcost.py
+"""
+
+from __future__ import annotations
+
+import argparse
+
+# held out: batches of 4, 8, 16 and 32 rows, some verifying drafts (1 + drafts tokens), some prefilling
+HELD_OUT = [[1] * 4 + [3] * 4, [1] * 3 + [5], [1] * 8, [1] * 7 + [2], [1] * 7 + [5], [1] * 6 + [5] * 2,
+            [1] * 4 + [5] * 4, [1] * 6 + [3] * 2, [3] * 8, [1] * 16, [1] * 15 + [5], [1] * 12 + [5] * 4,
+            [1] * 14 + [9] * 2, [1] * 32, [1] * 28 + [5] * 4, [1] * 16 + [64]]
+
+
+def one_slope(x):
+    """The features with the two routes' token columns (b's and k's) as one."""
+    import numpy as np
+
+    return np.column_stack([x[:, 0], x[:, 1] + x[:, 7], x[:, 2:7]])
+
+
+def run(repeats: int) -> None:
+    import numpy as np
+    from scipy.optimize import nnls
+
+    from bench import cpu_model
+    from engines.builtin import BuiltinEngine
+    from engines.config import load_engine_config
+    from engines.profile import LONE_TOKENS, SHAPES, fastest_steps
+    from engines.stepcost import features, fit
+
+    engine = BuiltinEngine.from_config(load_engine_config(None), start_worker=False)
+    model, prof = engine._sched.model, engine.profile
+    fitted = [[t] for t in range(1, LONE_TOKENS + 1)] + SHAPES
+    shapes = fitted + HELD_OUT
+    print(f"machine: {cpu_model()}; {len(fitted)} start-up forwards, {len(HELD_OUT)} held out, "
+          f"fastest of {repeats}", flush=True)
+    ys = np.array(fastest_steps(model, [[(n, 1 < n <= LONE_TOKENS) for n in s] for s in shapes], repeats=repeats))
+    engine.close()
+    x = np.array([features(sum(s), len(s), sum(n > 1 for n in s), prof.packed_from, prof.layers_upto)
+                  for s in shapes])
+    n = len(fitted)
+    cost = fit(x[:n], ys[:n], packed_from=prof.packed_from, columns_upto=prof.layers_upto)
+    flat, _ = nnls(one_slope(x[:n]), ys[:n])
+    print(f"the layers run as W @ xᵀ up to {prof.layers_upto} tokens; a token there {cost.k * 1e3:.2f} ms, "
+          f"laid out {cost.b * 1e3:.2f} ms; one slope for both {flat[1] * 1e3:.2f} ms")
+    print(f"{'batch (tokens per row)':34s} {'measured':>9s} {'k and b':>8s} {'one slope':>9s}")
+    ratios = []
+    for s, y, xi in zip(HELD_OUT, ys[n:], x[n:]):
+        two = cost.step(sum(s), len(s), sum(t > 1 for t in s)) / y
+        one = float(one_slope(xi[None])[0] @ flat) / y
+        ratios.append((two, one))
+        name = " ".join(f"{s.count(t)}x{t}" for t in sorted(set(s)))
+        print(f"{name:34s} {y * 1e3:8.1f}  {two:8.2f} {one:9.2f}")
+    r = np.array(ratios)
+    for j, label in enumerate(("k and b", "one slope")):
+        err = np.abs(np.log(r[:, j]))
+        print(f"{label}: price over measured {np.exp(-err.max()):.2f}-{np.exp(err.max()):.2f}, "
+              f"mean |log ratio| {err.mean():.3f}")
+    base = {tuple(s): y for s, y in zip(shapes, ys)}[tuple([1] * 8)]
+    for drafts in (1, 4):
+        shape = [1] * 7 + [1 + drafts]
+        measured = {tuple(s): y for s, y in zip(shapes, ys)}[tuple(shape)] - base
+        two = cost.step(8 + drafts, 8, 1) - cost.step(8, 8)
+        one = float((one_slope(np.array([features(8 + drafts, 8, 1, prof.packed_from, prof.layers_upto)]))
+                     - one_slope(np.array([features(8, 8, 0, prof.packed_from, prof.layers_upto)])))[0] @ flat)
+        print(f"8 rows, one verifying {drafts} draft(s): adds {measured * 1e3:.1f} ms; priced {two * 1e3:.1f} "
+              f"(k and b), {one * 1e3:.1f} (one slope)")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=7, help="forwards per shape, fastest kept (default: %(default)s)")
+    run(ap.parse_args().repeats)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
