@@ -7,7 +7,15 @@ route as W @ xᵀ priced apart from one laid out, `k` and `b`) and one slope for
 both routes. Per held-out batch: measured, and each model's price over it; then
 what verifying 1 and 4 drafts adds to a batch of 8 rows decoding.
 
+`--serve ARM` instead serves `--concurrency` dev prompts with the arm, the
+scheduler driven step by step (as bench/steps.py) with the model refitting from
+every step, and compares each step's price, taken just before the model learns
+from it, with what it took: decode steps, and the steps that verified drafts
+(their extra over a decode step, priced and measured). Run against another
+checkout (PYTHONPATH) to see its model in the same serving.
+
     .venv/bin/python bench/stepcost.py
+    .venv/bin/python bench/stepcost.py --serve ngram:8 --concurrency 8 --temperature 0.7
 """
 
 from __future__ import annotations
@@ -76,10 +84,73 @@ def run(repeats: int) -> None:
               f"(k and b), {one * 1e3:.1f} (one slope)")
 
 
+def serve(arm: str, concurrency: int, temperature: float, steps: int, passes: int) -> None:
+    import json
+
+    import numpy as np
+
+    from bench import cpu_model, default_data_path
+    from engines.api import ChatMessage, GenerationRequest, SamplingParams
+    from engines.arms import Arm
+    from engines.builtin import BuiltinEngine
+    from engines.config import load_engine_config
+
+    engine = BuiltinEngine.from_config(load_engine_config(None), start_worker=False)
+    sched = engine._sched  # driven by hand, as bench/steps.py
+    cost, seen, timed = sched.cost, [], [False]
+    learn = cost.observe
+
+    def observe(tokens, rows, seconds, multi=0):  # the price the step had, then what it took
+        if timed[0]:
+            seen.append((tokens - rows, multi, cost.step(tokens, rows, multi), cost.step(rows, rows), seconds))
+        learn(tokens, rows, seconds, multi)
+
+    cost.observe = observe
+    rows = [json.loads(line) for line in default_data_path().read_text().splitlines() if line.strip()]
+    prompts = [r["turns"][0][:400] for r in rows[:: max(len(rows) // concurrency, 1)]][:concurrency]
+    for n in range(passes):
+        for i, p in enumerate(prompts):
+            engine.submit(GenerationRequest(
+                request_id=f"{n}-{i}", messages=(ChatMessage("user", p),), arm=Arm.parse(arm),
+                sampling=SamplingParams(max_tokens=steps + 24, temperature=temperature, seed=i, ignore_eos=True)))
+            sched.waiting.append(engine._queue.get_nowait())
+        sched.admit()
+        while any(r.prefilled < r.prompt_len for r in sched.running):
+            sched.step()
+        timed[0] = True  # the rows decode together from here: no prefill chunk in a timed step
+        for _ in range(steps):
+            sched.step()
+        timed[0] = False
+        while sched.running:
+            sched.step()
+    engine.close()
+    print(f"machine: {cpu_model()}; {arm} at concurrency {concurrency}, T={temperature:g}, "
+          f"{passes} x {steps} steps after prefill")
+    full = [s for s in seen if s[0] >= 0]
+    decode = np.array([s[2:] for s in full if s[1] == 0]).reshape(-1, 3)
+    verify = np.array([(s[0], *s[2:]) for s in full if s[1] > 0]).reshape(-1, 4)
+    if len(decode):
+        print(f"decode steps: {len(decode)}, priced {decode[:, 0].mean() * 1e3:.1f} ms, "
+              f"took {decode[:, 2].mean() * 1e3:.1f} ms")
+    if len(verify):
+        priced, took = (verify[:, 1] - verify[:, 2]).mean(), (verify[:, 3] - decode[:, 2].mean()).mean()
+        print(f"steps verifying: {len(verify)}, {verify[:, 0].mean():.1f} drafts each; over a decode step "
+              f"priced {priced * 1e3:.1f} ms, took {took * 1e3:.1f} ms ({took / priced:.2f}x)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=7, help="forwards per shape, fastest kept (default: %(default)s)")
-    run(ap.parse_args().repeats)
+    ap.add_argument("--serve", metavar="ARM", help="price serving steps of this arm instead (plain, DRAFT:G)")
+    ap.add_argument("--concurrency", type=int, default=8, help="with --serve: rows (default: %(default)s)")
+    ap.add_argument("--temperature", type=float, default=0.7, help="with --serve (default: %(default)s)")
+    ap.add_argument("--steps", type=int, default=120, help="with --serve: steps timed a pass (default: %(default)s)")
+    ap.add_argument("--passes", type=int, default=2, help="with --serve (default: %(default)s)")
+    a = ap.parse_args()
+    if a.serve:
+        serve(a.serve, a.concurrency, a.temperature, a.steps, a.passes)
+    else:
+        run(a.repeats)
     return 0
 
 

@@ -29,6 +29,7 @@ import torch
 from engines import budget
 from engines.api import GenerationRequest, GenerationResult, LoadSnapshot, SamplingParams, TokenDelta
 from engines.arms import Arm, ArmMenu
+from engines.attention import attention_kernel
 from engines.config import EngineConfig
 from engines.drafts import ProposerFactory, build_drafts, may_pack
 from engines.errors import EngineError, InvalidRequest, Overloaded
@@ -200,6 +201,9 @@ class BuiltinEngine:
         log.info("target %s loaded in %.1f s (%s, %s)", target.source, time.perf_counter() - t0, t.dtype, t.device)
         drafts = build_drafts(config, target, cache_dir)
         if t.device == "cpu":
+            attend_by = attention_kernel() if t.attention_kernel and t.dtype == "float32" else None
+            for m in (target.model, *drafts.models):  # before the profile: it prices forwards so run
+                m.attention_kernel = attend_by
             weights = [target.model.weights] + drafts.weights
             prof = cpu_profile(target.model, weights, t.pack_weights if may_pack(t) else False, t.threads,
                                t.bf16_matmuls, cache_dir if t.profile_cache else None, routes=t.matmul_routes)

@@ -46,6 +46,7 @@ class Drafts:
     factories: dict[str, ProposerFactory]
     weights: list[LlamaWeights] = field(default_factory=list)  # laid out like the target's (CPU packing)
     eagles: list[EagleDraft] = field(default_factory=list)
+    models: list[LlamaModel] = field(default_factory=list)  # every draft's decoder (their attention's kernel)
 
     def route_columns(self, layers: int, head: int, panels: bool = False) -> None:
         """Route the drafts' own matmuls as the start-up profile routed the target's
@@ -85,11 +86,13 @@ def build_drafts(config: EngineConfig, target: LoadedModel, cache_dir: Path) -> 
             out.factories[d.name] = (lambda cap, d=d: NgramProposer(d.min_n, d.max_n, t.device))
         elif isinstance(d, LayerDraftConfig):
             sub = LlamaModel(target.model.cfg, target.model.weights, d.layer_ids(target.model.cfg.num_layers))
+            out.models.append(sub)
             out.factories[d.name] = (lambda cap, sub=sub: ModelDraftProposer(sub, cap))
         elif isinstance(d, ModelDraftConfig):
             loaded = load_model(d.path, getattr(torch, t.dtype), t.device, cache_dir)
             check_tokenizers_match(target.tokenizer, loaded.tokenizer, d.name)
             out.weights.append(loaded.model.weights)
+            out.models.append(loaded.model)
             out.factories[d.name] = (lambda cap, m=loaded.model: ModelDraftProposer(m, cap))
         elif isinstance(d, EagleDraftConfig):
             if d.path is None and t.path is not None:
@@ -111,6 +114,7 @@ def build_drafts(config: EngineConfig, target: LoadedModel, cache_dir: Path) -> 
                      " ".join(f"{k} {v}" for k, v in measured.items()) or "not recorded")
             out.eagles.append(eagle)
             out.weights.append(eagle.model.weights)
+            out.models.append(eagle.model)
             out.factories[d.name] = (lambda cap, e=eagle, d=d: EagleProposer(e, cap, d.min_confidence))
     for d in config.drafts:  # after the drafts they name
         if isinstance(d, HybridDraftConfig):

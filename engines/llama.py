@@ -14,17 +14,23 @@ Hk key/value heads, G = H // Hk, D head dim, E hidden size, V vocab.
 
 from __future__ import annotations
 
-import functools
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from engines.attention import RaggedAttention, attend, fits
 from engines.layouts import linear
+from engines.panels import Kernel
 
 SUPPORTED_MODEL_TYPES = {"llama", "qwen2", "mistral"}
 FLASH_MIN_TOKENS = 16  # a prefill chunk from position 0 at least this long takes the fused causal kernel
+# rows feeding fewer tokens go to the attention kernel where the model has it (decode steps and
+# verifications: 2-4x faster than torch's ops); a longer chunk's queries share its keys, which
+# torch's bmm exploits and the kernel does not (64 tokens over 300 positions: 1.6x slower)
+KERNEL_MAX_TOKENS = FLASH_MIN_TOKENS - 1
 
 
 @dataclass(frozen=True)
@@ -191,6 +197,8 @@ class LlamaModel:
         self._cos = self._sin = None
         # greedy rows' head in two stages (engines/greedy_head.py), where the start-up chose it
         self.greedy_head: Callable[[torch.Tensor], torch.Tensor] | None = None
+        # the step's rows attended in one call a layer (engines/attention.py), where it built
+        self.attention_kernel: Kernel | None = None
 
     def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
         return KVCache(len(self.layer_ids), batch, self.cfg.num_kv_heads, capacity,
@@ -254,13 +262,30 @@ class LlamaModel:
                 mask = torch.ones(T, end, dtype=torch.bool, device=self.device).tril(diagonal=start).repeat(G, 1)
             spans.append((T, start, end, mask, cache))
         one = len(items) == 1
+        # the rows the kernel attends, in one call a layer
+        ragged = None
+        if manual and fits(self.attention_kernel, spans[0][4].k, D):
+            offs = list(itertools.accumulate((T for T, *_ in spans), initial=0))[:-1]
+            mine = [i for i, (T, *_) in enumerate(spans) if T <= KERNEL_MAX_TOKENS]
+            ragged = RaggedAttention(self.attention_kernel, [(spans[i][0], spans[i][1], spans[i][4]) for i in mine],
+                                     [offs[i] for i in mine], H, Hk, D) if mine else None
+            ragged_all = len(mine) == len(spans)
         ids = items[0][0] if one else torch.cat([it[0] for it in items])  # [N]
         cos = coss[0] if one else torch.cat(coss)  # [N, D]
         sin = sins[0] if one else torch.cat(sins)
 
         def attention(slot: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            if ragged is not None:
+                out = torch.empty(q.shape[0], H * D, dtype=q.dtype)  # [N, H D]
+                ragged(slot, q, k, v, out)
+                if ragged_all:
+                    return out
             outs, off = [], 0
             for T, start, end, mask, cache in spans:
+                if ragged is not None and T <= KERNEL_MAX_TOKENS:
+                    outs.append(out[off:off + T])  # attended above
+                    off += T
+                    continue
                 k_cache = cache.k[slot, 0]  # [Hk, S_max, D]
                 v_cache = cache.v[slot, 0]
                 k_cache[:, start:end] = k[off:off + T].transpose(0, 1)
@@ -381,34 +406,6 @@ class LlamaModel:
         cache.lengths = [n + 1 for n in cache.lengths]
         logits = self._logits(x)  # [B, V]
         return logits if hidden is False else (logits, states)
-
-
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, T: int) -> torch.Tensor:
-    """Causal attention of the last T positions over a cache, as three plain ops.
-
-    q [Hk, G·T, D] (query t of group g at row g·T + t), k and v [Hk, S, D] with
-    the T new positions last -> [Hk, G·T, D]. On CPU this was faster than
-    F.scaled_dot_product_attention at every decode, verification and
-    prefill-chunk shape measured, 1.6-2.4x for one token (SmolLM2's 3x3 heads:
-    27 against 65 us per row and layer over 300 positions) down to 1.04x for a
-    128-token chunk over 500, because SDPA's dispatch costs more than the
-    attention; and only the T x T corner needs a mask."""
-    s = torch.bmm(q, k.transpose(1, 2)).mul_(q.shape[-1] ** -0.5)  # [Hk, G T, S]
-    if T > 1:
-        Hk, S = k.shape[0], k.shape[1]
-        s.view(Hk, -1, T, S)[..., S - T:].add_(_future(T, s.dtype, s.device))
-    half = s.dtype in (torch.float16, torch.bfloat16)
-    p = s.float().softmax(-1).to(v.dtype) if half else s.softmax(-1)  # half precision: softmax in float32
-    return torch.bmm(p, v)
-
-
-@functools.lru_cache(maxsize=256)
-def _future(T: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """[T, T]: -inf where query t would see a later position t' > t, else 0. Made once
-    per T: building a boolean mask every layer and filling through it cost a verifying
-    row ~10% more attention than adding this."""
-    return torch.zeros(T, T, dtype=dtype, device=device).masked_fill_(
-        torch.ones(T, T, dtype=torch.bool, device=device).triu(1), float("-inf"))
 
 
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

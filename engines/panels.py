@@ -47,6 +47,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().parent / "kernels" / "panels.c"
+ATTENTION_SOURCE = SOURCE.with_name("attention.c")  # built into the same library: engines/attention.py
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 TEST_FLAGS = ("-O3", "-march=native", "-fopenmp", "-DPANELS_SELFTEST")
 _F, _L = ctypes.c_void_p, ctypes.c_long
@@ -65,7 +66,11 @@ class Kernel:
         lib.qpanels_pack.argtypes = [ctypes.c_int, _F, _F, _F, _F, _L, _L]
         lib.qpanels_unpack.argtypes = [ctypes.c_int, _F, _F, _L, _L]
         lib.qpanels_block_bytes.argtypes, lib.qpanels_block_bytes.restype = [ctypes.c_int], _L
+        lib.ragged_attend.argtypes = [_L, _F, _F, _F, _F, _F, _F, _L, _F, _F, _F, _L, _F, _L, _F, _L, _F, _L, _L,
+                                      _L, ctypes.c_float, ctypes.c_int]
+        lib.ragged_attend.restype = ctypes.c_int
         self.lanes, self.rows = int(lib.panels_lanes()), int(lib.panels_rows())
+        self.attention_lanes = int(lib.attention_lanes())
         self.formats = all(lib.qpanels_block_bytes(c) > 0 for c in FORMATS.values())  # AVX2 or AVX-512
 
     def fits(self, w: torch.Tensor) -> bool:
@@ -197,11 +202,12 @@ def kernel() -> Kernel | None:
         lib_path, test_path = Path(d) / "panels.so", Path(d) / "selftest"
         try:
             # the same code as a program first: an instruction this CPU cannot run kills it, not us
-            subprocess.run([cc, *TEST_FLAGS, "-o", str(test_path), str(SOURCE), "-lm"], check=True,
+            sources = (str(SOURCE), str(ATTENTION_SOURCE))
+            subprocess.run([cc, *TEST_FLAGS, "-o", str(test_path), *sources, "-lm"], check=True,
                            capture_output=True, timeout=120)
             subprocess.run([str(test_path)], check=True, capture_output=True, timeout=60)
-            subprocess.run([cc, *FLAGS, "-o", str(lib_path), str(SOURCE)], check=True, capture_output=True,
-                           timeout=120)
+            subprocess.run([cc, *FLAGS, "-o", str(lib_path), *sources, "-lm"], check=True,
+                           capture_output=True, timeout=120)
             k = Kernel(ctypes.CDLL(str(lib_path)))  # loaded: the file may go
         except (OSError, subprocess.SubprocessError) as e:
             err = getattr(e, "stderr", b"") or b""

@@ -289,6 +289,8 @@ int qpanels_mm(int fmt, const unsigned char *p, const float *x, float *y, long O
 #include <stdio.h>
 #include <stdlib.h>
 
+int attention_selftest(void);
+
 int main(void) {
     long O = 37, K = 3 * VW, blocks = (O + R - 1) / R;
     float *w = malloc(O * K * sizeof(float)), *x = malloc(9 * K * sizeof(float)), *y = malloc(9 * O * sizeof(float));
@@ -335,6 +337,10 @@ int main(void) {
                 return 1;
             }
         }
+    }
+    if (attention_selftest()) { /* attention.c, built into the same library */
+        fprintf(stderr, "attention differs from double sums\n");
+        return 1;
     }
     return 0;
 }
