@@ -1,6 +1,9 @@
 """The attention kernel against torch's attention, in one process on the real
 target, alternating by round (the machine's drift moves both alike):
 
+  attention the attention alone, 30 layers' worth of calls per shape (the same
+            shapes, and a 64-token chunk on its own), torch's ops as forward_many
+            runs them against one kernel call a layer
   forwards  each shape's fastest forward of `--rounds`, every row over `--context`
             cached positions: a lone row decoding and verifying, batches decoding,
             a batch where one row verifies, a prefill chunk beside decoding rows
@@ -21,6 +24,56 @@ import time
 SHAPES = [("1 row decoding", [1]), ("1 row verifying 4", [5]), ("4 rows decoding", [1] * 4),
           ("8 rows decoding", [1] * 8), ("8 rows, one verifying 4", [1] * 7 + [5]), ("16 rows decoding", [1] * 16),
           ("8 rows and a 64-token chunk", [1] * 8 + [64])]
+
+
+def by_torch(shape: list[int], start: int, caches, q, k, v):
+    """The rows' attention as forward_many runs it without the kernel: per row, its
+    keys and values stored, its queries grouped by kv head, `attend`, laid back."""
+    import torch
+
+    from engines.attention import attend
+
+    (_, H, D), Hk = q.shape, k.shape[1]
+    G, outs, o = H // Hk, [], 0
+    for t, c in zip(shape, caches):
+        kc, vc = c.k[0, 0], c.v[0, 0]  # [Hk, S, D]
+        kc[:, start:start + t] = k[o:o + t].transpose(0, 1)
+        vc[:, start:start + t] = v[o:o + t].transpose(0, 1)
+        qg = q[o:o + t].view(t, Hk, G, D).permute(1, 2, 0, 3).reshape(Hk, G * t, D)
+        a = attend(qg, kc[:, :start + t], vc[:, :start + t], t)
+        outs.append(a.view(Hk, G, t, D).permute(2, 0, 1, 3).reshape(t, H * D))
+        o += t
+    return torch.cat(outs)
+
+
+def attention_alone(kernel, context: int, rounds: int, layers: int = 30) -> list[tuple[str, float, float]]:
+    """Per shape (and a 64-token chunk alone): (name, fastest seconds of `layers` calls
+    with torch's ops, with the kernel), SmolLM2's heads (9 query, 3 kv, 64 wide)."""
+    import torch
+
+    from engines.attention import RaggedAttention
+    from engines.llama import KVCache
+
+    H, Hk, D = 9, 3, 64
+    g, out = torch.Generator().manual_seed(0), []
+    for name, shape in [*SHAPES[:-1], ("a 64-token chunk", [64])]:
+        caches = [KVCache(1, 1, Hk, context + 64, D, torch.float32, "cpu") for _ in shape]
+        n = sum(shape)
+        q, kn, vn = (torch.randn(n, h, D, generator=g) for h in (H, Hk, Hk))
+        offs = [sum(shape[:i]) for i in range(len(shape))]
+
+        ragged = RaggedAttention(kernel, [(t, context, c) for t, c in zip(shape, caches)], offs, H, Hk, D)
+        result = torch.empty(n, H * D)
+        best = {False: float("inf"), True: float("inf")}
+        for r in range(rounds + 1):
+            for on in ((False, True) if r % 2 == 0 else (True, False)):
+                t0 = time.perf_counter()
+                for _ in range(layers):
+                    ragged(0, q, kn, vn, result) if on else by_torch(shape, context, caches, q, kn, vn)
+                if r:  # the first round warms both
+                    best[on] = min(best[on], time.perf_counter() - t0)
+        out.append((name, best[False], best[True]))
+    return out
 
 
 def forwards(engine, context: int, rounds: int) -> list[tuple[str, float, float]]:
@@ -93,6 +146,10 @@ def main() -> int:
         print("the attention kernel is off here (no C compiler, a failed check, or the config): nothing to compare")
         return 1
     print(f"machine: {cpu_model()}; start-up profile: {engine.profile.describe()}", flush=True)
+    print(f"attention alone, 30 layers' calls over {a.context} cached positions, fastest of {a.rounds} a side:")
+    print(f"  {'shape':30s} {'torch ms':>9s} {'kernel ms':>10s} {'torch/kernel':>13s}")
+    for name, off, on in attention_alone(engine._sched.model.attention_kernel, a.context, a.rounds):
+        print(f"  {name:30s} {off * 1e3:9.2f} {on * 1e3:10.2f} {off / on:13.2f}", flush=True)
     print(f"forwards over {a.context} cached positions, fastest of {a.rounds} a side:")
     print(f"  {'shape':30s} {'torch ms':>9s} {'kernel ms':>10s} {'torch/kernel':>13s}")
     for name, off, on in forwards(engine, a.context, a.rounds):

@@ -28,8 +28,8 @@ from engines.panels import Kernel
 SUPPORTED_MODEL_TYPES = {"llama", "qwen2", "mistral"}
 FLASH_MIN_TOKENS = 16  # a prefill chunk from position 0 at least this long takes the fused causal kernel
 # rows feeding fewer tokens go to the attention kernel where the model has it (decode steps and
-# verifications: 2-4x faster than torch's ops); a longer chunk's queries share its keys, which
-# torch's bmm exploits and the kernel does not (64 tokens over 300 positions: 1.6x slower)
+# verifications: several times faster than torch's ops, bench/attention.py); a longer chunk's
+# queries share its keys, which torch's bmm exploits and the kernel does not
 KERNEL_MAX_TOKENS = FLASH_MIN_TOKENS - 1
 
 
@@ -263,7 +263,7 @@ class LlamaModel:
             spans.append((T, start, end, mask, cache))
         one = len(items) == 1
         # the rows the kernel attends, in one call a layer
-        ragged = None
+        ragged, ragged_all = None, False
         if manual and fits(self.attention_kernel, spans[0][4].k, D):
             offs = list(itertools.accumulate((T for T, *_ in spans), initial=0))[:-1]
             mine = [i for i, (T, *_) in enumerate(spans) if T <= KERNEL_MAX_TOKENS]
