@@ -30,10 +30,9 @@ class StepCost:
     [packed] + h · [laid out], least squares over a sliding window of measured
     steps, where a forward whose matmuls run as W @ xᵀ pays k a token instead
     of b. One slope for both routes was pulled down by prefill chunks (many
-    tokens, laid out, cheap each) and priced a draft verified in a batch of 8
-    rows at 2.5 ms where it took 4.8 at start-up and 6.0 in serving (on an
-    AMD EPYC; a row decoding took 5.3 and 8.0): verification taxed the batch
-    more than the budget saw. `packed`: the forward's tokens reach `packed_from`, where the
+    tokens, laid out, cheap each): on an AMD EPYC, one row verifying 4 drafts
+    beside 7 decoding added 11.6 ms, priced 8.8 so and 10.8 with the two
+    (bench/stepcost.py). `packed`: the forward's tokens reach `packed_from`, where the
     MKL-packed copies (engines/layouts.py) take over from BLAS's small-matrix
     kernels; g is that switch (on the Intel Xeon, 5-9 ms). `laid out`: its tokens
     pass `columns_upto`, where the layers' matmuls leave W @ xᵀ for their layout
@@ -77,8 +76,8 @@ class StepCost:
     def to_dict(self) -> dict:
         """The prices (not the window of steps behind them), for a profile kept on disk."""
         return dict(a=self.a, b=self.b, c=self.c, d=self.d, e=self.e, g=self.g, h=self.h, k=self.k,
-                    packed_from=self.packed_from,
-                    columns_upto=self.columns_upto, lone={str(t): s for t, s in self.lone.items()})
+                    packed_from=self.packed_from, columns_upto=self.columns_upto,
+                    lone={str(t): s for t, s in self.lone.items()})
 
     @staticmethod
     def from_dict(d: dict) -> StepCost:
