@@ -46,11 +46,11 @@ class TargetConfig(_Strict):
     smallest block format that gives back its exact values: SmolLM2's layers and tied head, GGUF's Q4_1
     and Q8_0, 0.11 GB in all, against 0.42 + 0.11 GB in float32). False: never."""
     attention_kernel: bool = True
-    """On CPU in float32, attend every row of a step in one call a layer to a kernel built with the
-    panels' (engines/attention.py), instead of a dozen torch ops a row and a layer, whose dispatch
-    was most of a decode row's attention. Each token's attention is the same bits whatever else the
-    step holds. Where it does not build or disagrees with torch at start-up, torch attends (logged).
-    False: torch always."""
+    """On CPU in float32, attend the step's rows feeding up to 15 tokens (decode steps, verifications)
+    in one call a layer to a kernel built with the panels' (engines/attention.py), instead of a dozen
+    torch ops a row and a layer, whose dispatch was most of a decode row's attention. Each token's
+    attention is the same bits whatever else the step holds. Where it does not build or disagrees with
+    torch at start-up, torch attends (logged). False: torch always."""
     profile_cache: bool = True
     """On CPU, keep the start-up profile (the layout and threads chosen, the forwards' prices) in
     cache_dir under a key of this machine (CPU model, family, stepping and flags; usable cores; torch's
