@@ -95,31 +95,17 @@ def forwards(engine, context: int, rounds: int) -> list[tuple[str, float, float]
 def serving(engine, concurrency: int, steps: int, passes: int, temperature: float) -> tuple[list[float], list[float]]:
     """Plain decoding's tokens/s per pass with torch's attention and with the kernel."""
     from bench import default_data_path
-    from engines.api import ChatMessage, GenerationRequest, SamplingParams
-    from engines.arms import Arm
+    from bench.steps import spread, timed_pass
 
-    sched = engine._sched
-    model, kernel = sched.model, sched.model.attention_kernel
+    model = engine._sched.model
+    kernel = model.attention_kernel
     rows = [json.loads(line) for line in default_data_path().read_text().splitlines() if line.strip()]
     out: dict[bool, list[float]] = {False: [], True: []}
     for n in range(passes):
-        prompts = [r["turns"][0][:400] for r in rows[n % 7:: max(len(rows) // concurrency, 1)]][:concurrency]
+        prompts = spread(rows, concurrency, n % 7)
         for on in ((False, True) if n % 2 == 0 else (True, False)):
             model.attention_kernel = kernel if on else None
-            for i, p in enumerate(prompts):
-                engine.submit(GenerationRequest(
-                    request_id=f"{on}-{n}-{i}", messages=(ChatMessage("user", p),), arm=Arm(),
-                    sampling=SamplingParams(max_tokens=steps + 8, temperature=temperature, seed=i, ignore_eos=True)))
-                sched.waiting.append(engine._queue.get_nowait())
-            sched.admit()
-            while any(r.prefilled < r.prompt_len for r in sched.running):
-                sched.step()
-            before, t0 = sum(r.produced for r in sched.running), time.perf_counter()
-            for _ in range(steps):
-                sched.step()
-            out[on].append((sum(r.produced for r in sched.running) - before) / (time.perf_counter() - t0))
-            while sched.running:
-                sched.step()
+            out[on].append(timed_pass(engine, prompts, "plain", temperature, steps, f"{on}-{n}", spare=8))
     model.attention_kernel = kernel
     return out[False], out[True]
 

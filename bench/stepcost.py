@@ -90,14 +90,12 @@ def serve(arm: str, concurrency: int, temperature: float, steps: int, passes: in
     import numpy as np
 
     from bench import cpu_model, default_data_path
-    from engines.api import ChatMessage, GenerationRequest, SamplingParams
-    from engines.arms import Arm
+    from bench.steps import spread, timed_pass
     from engines.builtin import BuiltinEngine
     from engines.config import load_engine_config
 
     engine = BuiltinEngine.from_config(load_engine_config(None), start_worker=False)
-    sched = engine._sched  # driven by hand, as bench/steps.py
-    cost, seen, timed = sched.cost, [], [False]
+    cost, seen, timed = engine._sched.cost, [], [False]
     learn = cost.observe
 
     def observe(tokens, rows, seconds, multi=0):  # the price the step had, then what it took
@@ -105,24 +103,14 @@ def serve(arm: str, concurrency: int, temperature: float, steps: int, passes: in
             seen.append((tokens - rows, multi, cost.step(tokens, rows, multi), cost.step(rows, rows), seconds))
         learn(tokens, rows, seconds, multi)
 
+    def timing(on: bool) -> None:  # only the steps after prefill: no prefill chunk in a priced step
+        timed[0] = on
+
     cost.observe = observe
     rows = [json.loads(line) for line in default_data_path().read_text().splitlines() if line.strip()]
-    prompts = [r["turns"][0][:400] for r in rows[:: max(len(rows) // concurrency, 1)]][:concurrency]
+    prompts = spread(rows, concurrency)
     for n in range(passes):
-        for i, p in enumerate(prompts):
-            engine.submit(GenerationRequest(
-                request_id=f"{n}-{i}", messages=(ChatMessage("user", p),), arm=Arm.parse(arm),
-                sampling=SamplingParams(max_tokens=steps + 24, temperature=temperature, seed=i, ignore_eos=True)))
-            sched.waiting.append(engine._queue.get_nowait())
-        sched.admit()
-        while any(r.prefilled < r.prompt_len for r in sched.running):
-            sched.step()
-        timed[0] = True  # the rows decode together from here: no prefill chunk in a timed step
-        for _ in range(steps):
-            sched.step()
-        timed[0] = False
-        while sched.running:
-            sched.step()
+        timed_pass(engine, prompts, arm, temperature, steps, str(n), timing=timing)
     engine.close()
     print(f"machine: {cpu_model()}; {arm} at concurrency {concurrency}, T={temperature:g}, "
           f"{passes} x {steps} steps after prefill")

@@ -16,34 +16,52 @@ import time
 from pathlib import Path
 
 
+def spread(rows: list[dict], concurrency: int, offset: int = 0) -> list[str]:
+    """`concurrency` dev prompts spread over the split from `offset` (their first 400 characters)."""
+    return [r["turns"][0][:400] for r in rows[offset:: max(len(rows) // concurrency, 1)]][:concurrency]
+
+
+def timed_pass(engine, prompts: list[str], arm: str, temperature: float, steps: int, tag: str, spare: int = 24,
+               timing=None) -> float:
+    """The prompts submitted together under `arm` to an engine whose scheduler is driven
+    by hand, prefilled, then `steps` scheduler steps timed (tokens/s over them), then
+    drained. `timing(True)` and `timing(False)` bracket the timed steps; each request
+    may write `steps + spare` tokens."""
+    from engines.api import ChatMessage, GenerationRequest, SamplingParams
+    from engines.arms import Arm
+
+    sched = engine._sched
+    for i, p in enumerate(prompts):
+        engine.submit(GenerationRequest(
+            request_id=f"{tag}-{i}", messages=(ChatMessage("user", p),), arm=Arm.parse(arm),
+            sampling=SamplingParams(max_tokens=steps + spare, temperature=temperature, seed=i, ignore_eos=True)))
+        sched.waiting.append(engine._queue.get_nowait())
+    sched.admit()
+    while any(r.prefilled < r.prompt_len for r in sched.running):
+        sched.step()
+    if timing:
+        timing(True)
+    before, t0 = sum(r.produced for r in sched.running), time.perf_counter()
+    for _ in range(steps):
+        sched.step()
+    rate = (sum(r.produced for r in sched.running) - before) / (time.perf_counter() - t0)
+    if timing:
+        timing(False)
+    while sched.running:
+        sched.step()
+    return rate
+
+
 def run(arm: str, concurrency: int, temperature: float, steps: int, passes: int, data: Path,
         config: str | None = None) -> tuple[list[float], str]:
     """tok/s per pass, and the start-up profile the engine chose."""
-    from engines.api import ChatMessage, GenerationRequest, SamplingParams
-    from engines.arms import Arm
     from engines.builtin import BuiltinEngine
     from engines.config import load_engine_config
 
     engine = BuiltinEngine.from_config(load_engine_config(config), start_worker=False)
-    sched = engine._sched  # driven by hand: the steps alone are timed
     rows = [json.loads(line) for line in data.read_text().splitlines() if line.strip()]
-    prompts = [r["turns"][0][:400] for r in rows[:: max(len(rows) // concurrency, 1)]][:concurrency]
-    out = []
-    for n in range(passes):
-        for i, p in enumerate(prompts):
-            engine.submit(GenerationRequest(
-                request_id=f"{n}-{i}", messages=(ChatMessage("user", p),), arm=Arm.parse(arm),
-                sampling=SamplingParams(max_tokens=steps + 24, temperature=temperature, seed=i, ignore_eos=True)))
-            sched.waiting.append(engine._queue.get_nowait())
-        sched.admit()
-        while any(r.prefilled < r.prompt_len for r in sched.running):
-            sched.step()
-        before, t0 = sum(r.produced for r in sched.running), time.perf_counter()
-        for _ in range(steps):
-            sched.step()
-        out.append((sum(r.produced for r in sched.running) - before) / (time.perf_counter() - t0))
-        while sched.running:
-            sched.step()
+    prompts = spread(rows, concurrency)
+    out = [timed_pass(engine, prompts, arm, temperature, steps, str(n)) for n in range(passes)]
     engine.close()
     return out, engine.profile.describe()
 
