@@ -31,17 +31,14 @@ def by_torch(shape: list[int], start: int, caches, q, k, v):
     keys and values stored, its queries grouped by kv head, `attend`, laid back."""
     import torch
 
-    from engines.attention import attend
+    from engines.attention import attend, by_kv_head, by_token
 
-    (_, H, D), Hk = q.shape, k.shape[1]
-    G, outs, o = H // Hk, [], 0
+    Hk, outs, o = k.shape[1], [], 0
     for t, c in zip(shape, caches):
         kc, vc = c.k[0, 0], c.v[0, 0]  # [Hk, S, D]
         kc[:, start:start + t] = k[o:o + t].transpose(0, 1)
         vc[:, start:start + t] = v[o:o + t].transpose(0, 1)
-        qg = q[o:o + t].view(t, Hk, G, D).permute(1, 2, 0, 3).reshape(Hk, G * t, D)
-        a = attend(qg, kc[:, :start + t], vc[:, :start + t], t)
-        outs.append(a.view(Hk, G, t, D).permute(2, 0, 1, 3).reshape(t, H * D))
+        outs.append(by_token(attend(by_kv_head(q[o:o + t], Hk), kc[:, :start + t], vc[:, :start + t], t), t))
         o += t
     return torch.cat(outs)
 

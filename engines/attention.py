@@ -47,6 +47,19 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, T: int) -> torch.T
     return torch.bmm(p, v)
 
 
+def by_kv_head(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """A row's queries [T, H, D] as `attend` takes them: [Hk, G·T, D], query head h
+    under kv head h // G (GQA without copying keys)."""
+    T, H, D = q.shape
+    return q.view(T, kv_heads, H // kv_heads, D).permute(1, 2, 0, 3).reshape(kv_heads, H // kv_heads * T, D)
+
+
+def by_token(a: torch.Tensor, T: int) -> torch.Tensor:
+    """`attend`'s result [Hk, G·T, D] back as the row's tokens [T, H·D]."""
+    Hk, GT, D = a.shape
+    return a.view(Hk, GT // T, T, D).permute(2, 0, 1, 3).reshape(T, GT // T * Hk * D)
+
+
 @functools.lru_cache(maxsize=256)
 def _future(T: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """[T, T]: -inf where query t would see a later position t' > t, else 0. Made once
@@ -119,7 +132,6 @@ def check(k: Kernel) -> str | None:
 
     g = torch.Generator().manual_seed(0)
     H, Hk, D = 6, 2, 4 * k.attention_lanes
-    G = H // Hk
     feeds = [(1, 7), (3, 5), (1, 0), (9, 11)]  # (tokens fed, positions cached)
     caches = [KVCache(2, 1, Hk, 32, D, torch.float32, "cpu") for _ in feeds]
     for c in caches:
@@ -135,8 +147,7 @@ def check(k: Kernel) -> str | None:
         if not (torch.equal(kc[:, s:s + t], kn[o:o + t].transpose(0, 1))
                 and torch.equal(vc[:, s:s + t], vn[o:o + t].transpose(0, 1))):
             return "the new keys and values are not where the cache keeps them"
-        qg = q[o:o + t].view(t, Hk, G, D).permute(1, 2, 0, 3).reshape(Hk, G * t, D)
-        want = attend(qg, kc[:, :s + t], vc[:, :s + t], t).view(Hk, G, t, D).permute(2, 0, 1, 3).reshape(t, H * D)
+        want = by_token(attend(by_kv_head(q[o:o + t], Hk), kc[:, :s + t], vc[:, :s + t], t), t)
         if not torch.allclose(out[o:o + t], want, rtol=1e-4, atol=1e-5):
             return f"a row feeding {t} tokens after {s} differs from torch's attention"
     # the last row's last token again, alone: the same bits

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engines.attention import RaggedAttention, attend, fits
+from engines.attention import RaggedAttention, attend, by_kv_head, by_token, fits
 from engines.layouts import linear
 from engines.panels import Kernel
 
@@ -302,12 +302,12 @@ class LlamaModel:
                     outs.append(a.transpose(0, 1).reshape(T, H * D))
                 else:
                     # GQA without copying keys: group g of query heads shares kv head g.
-                    qg = q[off:off + T].view(T, Hk, G, D).permute(1, 2, 0, 3).reshape(Hk, G * T, D)  # [Hk, G T, D]
+                    qg = by_kv_head(q[off:off + T], Hk)  # [Hk, G T, D]
                     if manual:
                         a = attend(qg, k_cache[:, :end], v_cache[:, :end], T)
                     else:
                         a = F.scaled_dot_product_attention(qg, k_cache[:, :end], v_cache[:, :end], attn_mask=mask)
-                    outs.append(a.view(Hk, G, T, D).permute(2, 0, 1, 3).reshape(T, H * D))
+                    outs.append(by_token(a, T))
                 off += T
             return outs[0] if one else torch.cat(outs)  # [N, H D]
 
