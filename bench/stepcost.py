@@ -71,12 +71,11 @@ def run(repeats: int) -> None:
     r = np.array(ratios)
     for j, label in enumerate(("k and b", "one slope")):
         err = np.abs(np.log(r[:, j]))
-        print(f"{label}: price over measured {np.exp(-err.max()):.2f}-{np.exp(err.max()):.2f}, "
+        print(f"{label}: every price within a factor {np.exp(err.max()):.2f} of measured, "
               f"mean |log ratio| {err.mean():.3f}")
-    base = {tuple(s): y for s, y in zip(shapes, ys)}[tuple([1] * 8)]
+    took = {tuple(s): y for s, y in zip(shapes, ys)}
     for drafts in (1, 4):
-        shape = [1] * 7 + [1 + drafts]
-        measured = {tuple(s): y for s, y in zip(shapes, ys)}[tuple(shape)] - base
+        measured = took[tuple([1] * 7 + [1 + drafts])] - took[tuple([1] * 8)]
         two = cost.step(8 + drafts, 8, 1) - cost.step(8, 8)
         one = float((one_slope(np.array([features(8 + drafts, 8, 1, prof.packed_from, prof.layers_upto)]))
                      - one_slope(np.array([features(8, 8, 0, prof.packed_from, prof.layers_upto)])))[0] @ flat)
