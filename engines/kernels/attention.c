@@ -12,10 +12,11 @@
  * weighted sum.
  *
  * Every query is computed in one order whatever else the row or the step holds:
- * a dot product sums lane l over d ≡ l (mod VW) in increasing d, then the lanes
- * pairwise; the softmax and the weighted sum run over positions in increasing
- * order. A token's attention is therefore the same bits decoded alone, verified
- * beside drafts, or beside any other rows.
+ * a dot product sums lane l over d ≡ l (mod AW) in increasing d, then the lanes
+ * pairwise; the softmax's weights are computed lane by lane and summed as the
+ * dot products are (over positions); the weighted sum runs over positions in
+ * increasing order. A token's attention is therefore the same bits decoded alone,
+ * verified beside drafts, or beside any other rows.
  *
  * float32, head_dim a multiple of the vector's lanes; engines/attention.py keeps
  * torch for anything else.
@@ -34,6 +35,7 @@
 
 typedef float av __attribute__((vector_size(AW * 4)));
 typedef float avu __attribute__((vector_size(AW * 4), aligned(4)));
+typedef int avi __attribute__((vector_size(AW * 4)));
 
 /* the lanes summed pairwise, halves folded onto each other: lane i adds lane i + AW/2,
  * then i + AW/4, ... (a shuffle and an add a level, where a store and scalar adds cost
@@ -63,6 +65,56 @@ static inline float dot(const float *a, const float *b, long D) {
     av acc = {0};
     for (long d = 0; d < D; d += AW) acc += *(const avu *)(a + d) * *(const avu *)(b + d);
     return alanes(acc);
+}
+
+/* e^x a lane at a time, for x ≤ 0 (scores less their maximum): 2^n · p(r), n = x·log2(e)
+ * rounded to nearest, r = x − n·ln 2 in two parts (|r| ≤ ln 2 / 2), p Cephes' expf polynomial
+ * (within 2 ulp of e^r); e^x is 0 below −87. Lane by lane, so a score's weight is the same
+ * bits wherever it sits in a vector. (glibc's scalar expf took about a quarter of the
+ * kernel's time.) */
+static inline av vexp(av x) {
+    const av lo = (av){0} - 87.0f;
+    avi keep = x >= lo;
+    x = (av)(((avi)x & keep) | ((avi)lo & ~keep)); /* x < −87 computes e^−87, zeroed below */
+    av n = (x * 1.44269504f + 12582912.0f) - 12582912.0f; /* 1.5 · 2^23: rounds to an integer */
+    av r = x - n * 0.693359375f - n * -2.12194440e-4f;
+    av p = (av){0} + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    return (av)(((avi)p + (__builtin_convertvector(n, avi) << 23)) & keep); /* p · 2^n in the exponent */
+}
+
+/* a query's softmax over its S scores, in place, and 1 / their sum: the maximum by lanes
+ * (exact in any order), the weights by vexp (a last part vector padded), their sum lane by
+ * lane over j ≡ l (mod AW) in increasing j, then the lanes pairwise: one order for a given S */
+static inline float softmax(float *pg, long S) {
+    long full = S - S % AW;
+    av mv = pg[0] - (av){0}, sv = {0};
+    for (long j = 0; j < full; j += AW) {
+        av x = *(const avu *)(pg + j);
+        mv = (av)(((avi)x & (x > mv)) | ((avi)mv & ~(x > mv)));
+    }
+    float m = mv[0];
+    for (long l = 1; l < AW; l++)
+        if (mv[l] > m) m = mv[l];
+    for (long j = full; j < S; j++)
+        if (pg[j] > m) m = pg[j];
+    for (long j = 0; j < full; j += AW) {
+        av w = vexp(*(const avu *)(pg + j) - m);
+        *(avu *)(pg + j) = w;
+        sv += w;
+    }
+    if (full < S) {
+        av x = m - (av){0}; /* padding: e^0, not summed */
+        for (long j = full; j < S; j++) x[j - full] = pg[j];
+        av w = vexp(x - m);
+        for (long j = full; j < S; j++) sv[j - full] += (pg[j] = w[j - full]);
+    }
+    return 1.f / alanes(sv);
 }
 
 int attention_lanes(void) { return AW; }
@@ -113,11 +165,7 @@ int ragged_attend(long rows, const long *T, const long *off, const long *start, 
                     for (long g = 0; g < G; g++) p[g * S + j] = dot(qg + g * D, kj, D) * scale;
                 }
                 for (long g = 0; g < G; g++) {
-                    float *pg = p + g * S, m = -INFINITY, sum = 0.f;
-                    for (long j = 0; j < S; j++)
-                        if (pg[j] > m) m = pg[j];
-                    for (long j = 0; j < S; j++) sum += (pg[j] = expf(pg[j] - m));
-                    float inv = 1.f / sum;
+                    float *pg = p + g * S, inv = softmax(pg, S);
                     av acc[MAXC];
                     for (long c = 0; c < C; c++) acc[c] = (av){0};
                     for (long j = 0; j < S; j++) {
@@ -167,6 +215,20 @@ int attention_selftest(void) {
                 if (fabs(out[(t * H + hq) * D + d] - want) > 1e-4) return 1;
             }
         }
+    /* the softmax alone, over 2·AW + 5 scores from 0 down to −120 with the greatest in the
+     * padded last part: every weight within 1e-6 (relative) of double's from the same differences,
+     * those under e^−87 zero */
+    enum { N = 2 * AW + 5 };
+    float sc[N], x[N];
+    double z = 0;
+    for (int j = 0; j < N; j++) x[j] = sc[j] = -120.f * j / (N - 1) + 2.f;
+    x[N - 2] = sc[N - 2] = 3.f;
+    for (int j = 0; j < N; j++) z += exp((double)(x[j] -= 3.f)); /* less the maximum, rounded as the kernel's */
+    float inv = softmax(sc, N);
+    for (int j = 0; j < N; j++) {
+        double want = exp((double)x[j]) / z;
+        if (x[j] < -87.f ? sc[j] != 0.f : fabs(sc[j] * inv - want) > 1e-6 * want) return 1;
+    }
     return 0;
 }
 #endif
