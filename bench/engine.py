@@ -269,10 +269,11 @@ def format_table(table: dict, modes: list[str]) -> str:
 def main(args) -> int:
     config = load_engine_config(args.config)
     rows = [json.loads(line) for line in Path(args.data).read_text().splitlines() if line.strip()]
-    unknown = sorted(set(args.categories or ()) - {r["category"] for r in rows})
+    known = {r["category"] for r in rows}
+    unknown = sorted(set(args.categories or ()) - known)
     if unknown:
-        known = ", ".join(sorted({r["category"] for r in rows}))
-        print(f"error: no prompts in {args.data} for {', '.join(unknown)} (categories: {known})", file=sys.stderr)
+        print(f"error: no prompts in {args.data} for {', '.join(unknown)} (categories: {', '.join(sorted(known))})",
+              file=sys.stderr)
         return 2
     rows = pick_prompts(rows, args.per_category, args.categories)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731

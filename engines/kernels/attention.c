@@ -43,8 +43,7 @@ typedef int avi __attribute__((vector_size(AW * 4)));
 #ifdef __clang__
 #define HALF(v, ...) __builtin_shufflevector(v, v, __VA_ARGS__)
 #else
-typedef int ai __attribute__((vector_size(AW * 4)));
-#define HALF(v, ...) __builtin_shuffle(v, (ai){__VA_ARGS__})
+#define HALF(v, ...) __builtin_shuffle(v, (avi){__VA_ARGS__})
 #endif
 
 static inline float alanes(av v) {
@@ -96,7 +95,8 @@ static inline float softmax(float *pg, long S) {
     av mv = pg[0] - (av){0}, sv = {0};
     for (long j = 0; j < full; j += AW) {
         av x = *(const avu *)(pg + j);
-        mv = (av)(((avi)x & (x > mv)) | ((avi)mv & ~(x > mv)));
+        avi more = x > mv;
+        mv = (av)(((avi)x & more) | ((avi)mv & ~more));
     }
     float m = mv[0];
     for (long l = 1; l < AW; l++)
