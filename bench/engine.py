@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from bench import cpu_model, default_data_path
-from bench.hindsight import differing_line, hindsight
+from bench.hindsight import differing_line, hindsight, over_plain
 from bench.specbench.intervals import verdict
 from engines.api import ChatMessage, GenerationRequest, SamplingParams
 from engines.arms import Arm
@@ -266,6 +266,17 @@ def format_table(table: dict, modes: list[str]) -> str:
     return "\n".join(lines)
 
 
+def over_plain_line(mode: str, ratios: dict[str, list[float]], floor: float = 0.97) -> str:
+    """An adaptive mode against plain per category: how many are no more than 3% below
+    it, by the point and by the interval."""
+    cats = {c: v for c, v in ratios.items() if c != "ALL"}
+    verdicts = [verdict(v, floor) for v in cats.values()]
+    return (f"{mode} over plain, per category [95% interval over prompts]: at least {floor:g}x in "
+            f"{sum(v[0] >= floor for v in cats.values())}/{len(cats)} (interval: met {verdicts.count('met')}, "
+            f"undecided {verdicts.count('undecided')}, missed {verdicts.count('missed')}); "
+            + ", ".join(f"{c} {v[0]:.2f} [{v[1]:.2f}, {v[2]:.2f}]" for c, v in ratios.items()))
+
+
 def main(args) -> int:
     config = load_engine_config(args.config)
     rows = [json.loads(line) for line in Path(args.data).read_text().splitlines() if line.strip()]
@@ -317,6 +328,11 @@ def main(args) -> int:
                           f"{c} {v['ratio']:.2f} [{v['interval'][1]:.2f}, {v['interval'][2]:.2f}]"
                           for c, v in h.items()))
                 print(differing_line(adaptive, cats))
+        for mode in (m for m in args.modes if m != "plain" and not m.endswith("/fixed")):
+            ratios = over_plain(table, summary["runs"], t, mode)
+            if ratios:
+                summary.setdefault("over_plain", {})[f"{t}|{mode}"] = ratios
+                print(over_plain_line(mode, ratios))
         costs = {m: v["draft_cost"] for m, v in table["ALL"].items() if v.get("draft_cost") is not None
                  and not m.startswith("ngram")}
         if costs:

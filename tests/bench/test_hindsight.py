@@ -4,7 +4,8 @@ with an interval over prompts."""
 import math
 import random
 
-from bench.hindsight import differing_line, hindsight
+from bench.engine import over_plain_line
+from bench.hindsight import differing_line, hindsight, over_plain
 from bench.specbench.intervals import verdict
 
 FIXED = ("ngram:1/fixed", "ngram:2/fixed")
@@ -102,3 +103,22 @@ def test_where_the_best_fixed_gamma_differs_between_prompts_the_adaptive_mode_mu
     h = hindsight(_table(same), same, "0.7", "ngram", "ngram:8")
     assert h["writing"]["best_per_prompt"] == {} and "no prompts kept" in differing_line("ngram:8", h)
     assert math.isnan(h["writing"]["per_prompt_x"])
+
+
+def test_a_mode_against_plain_is_judged_on_its_interval_over_prompts():
+    # qa: 0.95x plain on every prompt (missed, however few prompts); coding: lucky and unlucky texts
+    # around plain's speed (undecided); extraction: 1.2x on every prompt (met)
+    rng = random.Random(3)
+    base = [rng.uniform(30, 60) for _ in range(6)]
+    qa = _runs({"plain": base, "ngram:8": [0.95 * b for b in base]}, "qa")
+    coding = _runs({"plain": base, "ngram:8": [b * rng.choice((0.8, 1.25)) for b in base]}, "coding")
+    extraction = _runs({"plain": base, "ngram:8": [1.2 * b for b in base]}, "extraction")
+    runs = {**qa, **coding, **extraction}
+    ratios = over_plain(_table(runs), runs, "0.7", "ngram:8")
+    assert ratios["qa"] == [0.95, 0.95, 0.95] and verdict(ratios["qa"], 0.97) == "missed"
+    assert ratios["extraction"][1] == ratios["extraction"][2] == 1.2
+    low, high = ratios["coding"][1:]
+    assert low < 0.97 < high and verdict(ratios["coding"], 0.97) == "undecided"
+    line = over_plain_line("ngram:8", ratios)
+    assert f"at least 0.97x in {1 + (ratios['coding'][0] >= 0.97)}/3" in line
+    assert "(interval: met 1, undecided 1, missed 1)" in line
