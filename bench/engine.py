@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from bench import cpu_model, default_data_path
-from bench.hindsight import differing_line, hindsight, over_plain
+from bench.hindsight import differing_line, hindsight, over_plain, over_plain_line
 from bench.specbench.intervals import verdict
 from engines.api import ChatMessage, GenerationRequest, SamplingParams
 from engines.arms import Arm
@@ -264,17 +264,6 @@ def format_table(table: dict, modes: list[str]) -> str:
         cells += [f"{row[n]['vs_plain']:.2f}" if n in row else "" for n in hf]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def over_plain_line(mode: str, ratios: dict[str, list[float]], floor: float = 0.97) -> str:
-    """An adaptive mode against plain per category: how many are no more than 3% below
-    it, by the point and by the interval."""
-    cats = {c: v for c, v in ratios.items() if c != "ALL"}
-    verdicts = [verdict(v, floor) for v in cats.values()]
-    return (f"{mode} over plain, per category [95% interval over prompts]: at least {floor:g}x in "
-            f"{sum(v[0] >= floor for v in cats.values())}/{len(cats)} (interval: met {verdicts.count('met')}, "
-            f"undecided {verdicts.count('undecided')}, missed {verdicts.count('missed')}); "
-            + ", ".join(f"{c} {v[0]:.2f} [{v[1]:.2f}, {v[2]:.2f}]" for c, v in ratios.items()))
 
 
 def main(args) -> int:

@@ -132,3 +132,14 @@ def differing_line(adaptive: str, cats: dict) -> str:
             + ", ".join(f"{c} {v['ratio']:.2f} (best per prompt: " +
                         " ".join(f"{m.removesuffix('/fixed')}×{n}" for m, n in v["best_per_prompt"].items()) +
                         f"; each at its own {v['per_prompt_x']:.3f}x)" for c, v in differ.items()))
+
+
+def over_plain_line(mode: str, ratios: dict[str, list[float]], floor: float = 0.97) -> str:
+    """An adaptive mode against plain per category: how many are no more than 3% below
+    it, by the point and by the interval."""
+    cats = {c: v for c, v in ratios.items() if c != "ALL"}
+    verdicts = [verdict(v, floor) for v in cats.values()]
+    return (f"{mode} over plain, per category [95% interval over prompts]: at least {floor:g}x in "
+            f"{sum(v[0] >= floor for v in cats.values())}/{len(cats)} (interval: met {verdicts.count('met')}, "
+            f"undecided {verdicts.count('undecided')}, missed {verdicts.count('missed')}); "
+            + ", ".join(f"{c} {v[0]:.2f} [{v[1]:.2f}, {v[2]:.2f}]" for c, v in ratios.items()))

@@ -4,8 +4,7 @@ with an interval over prompts."""
 import math
 import random
 
-from bench.engine import over_plain_line
-from bench.hindsight import differing_line, hindsight, over_plain
+from bench.hindsight import differing_line, hindsight, over_plain, over_plain_line
 from bench.specbench.intervals import verdict
 
 FIXED = ("ngram:1/fixed", "ngram:2/fixed")
