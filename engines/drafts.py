@@ -99,7 +99,7 @@ def build_drafts(config: EngineConfig, target: LoadedModel, cache_dir: Path) -> 
                 raise ValueError(f"draft {d.name!r}: no draft ships for target {t.path}; train one with "
                                  f"`specgate distill` and give its directory as path")
             target_print = target_print or fingerprint(target)
-            tensors, vocab_ids, card = load_draft(d.path or SHIPPED, target_print)
+            tensors, vocab_ids, card = load_draft(d.path or SHIPPED, target_print, d.weights)
             eagle = EagleDraft(target.model, tensors, vocab_ids, tuple(card.get("feature_layers", (-1,))), d.name,
                                card.get("training", {}).get("seq_len"))
             if out.eagles and out.eagles[0].feature_layers != eagle.feature_layers:
@@ -109,8 +109,8 @@ def build_drafts(config: EngineConfig, target: LoadedModel, cache_dir: Path) -> 
                         if isinstance(v, dict) and "acceptance" in v}
             window = f" on windows of {eagle.context} positions (the most of a prompt it reads)" if eagle.context \
                 else ""
-            log.info("draft %s: %d-token head, trained %s%s; validation acceptance per drafted token %s", d.name,
-                     vocab_ids.numel(), card.get("created", "?"), window,
+            log.info("draft %s: %d-token head, trained %s%s, weights %s; validation acceptance per drafted token "
+                     "%s", d.name, vocab_ids.numel(), card.get("created", "?"), window, d.weights,
                      " ".join(f"{k} {v}" for k, v in measured.items()) or "not recorded")
             out.eagles.append(eagle)
             out.weights.append(eagle.model.weights)

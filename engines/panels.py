@@ -151,6 +151,24 @@ def encode(w: torch.Tensor) -> tuple[str, torch.Tensor, torch.Tensor, torch.Tens
     return None
 
 
+def round_to(w: torch.Tensor, fmt: str) -> torch.Tensor:
+    """w [out, in] (in % BLOCK == 0) rounded to the nearest values of a block format, as a
+    quantizer writes them ("q8": Q8_0, "q4": Q4_1): what `encode` then recognises, so the
+    kernel streams it in that format. For weights that need not be exact (a draft's)."""
+    b = w.float().reshape(w.shape[0], -1, BLOCK)
+    if fmt == "q8":
+        lo, d = 0.0, (b.abs().amax(-1) / 127).half().float()
+        span = (-127, 127)
+    elif fmt == "q4":
+        lo = b.amin(-1).half().float()
+        d = ((b.amax(-1) - lo) / 15).half().float()
+        lo, span = lo[..., None], (0, 15)
+    else:
+        raise ValueError(f"no block format {fmt!r}: q8 or q4")
+    q = torch.where(d[..., None] > 0, (b - lo) / d[..., None], 0.0).round().clamp(*span)
+    return (d[..., None] * q + lo).reshape(w.shape)
+
+
 def _scales(first: torch.Tensor) -> list[torch.Tensor]:
     """A block's half-precision scale as first estimated, and its neighbours an ulp away
     (the scale a quantizer stored was rounded from one computed slightly otherwise)."""

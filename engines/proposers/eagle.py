@@ -29,11 +29,13 @@ import torch.nn.functional as F
 from engines.api import SamplingParams
 from engines.layouts import dense, linear, route_matmul
 from engines.llama import LayerWeights, LlamaModel, LlamaWeights
+from engines.panels import round_to
 from engines.proposers.base import DraftingClock, Proposal, ProposerBase, empty
 from engines.sampling import argmax, logits_to_probs, sample_index
 
 TENSORS = ("norm_levels", "reduce", "norm_e", "norm_f", "fc", "attn_norm", "qkv", "o", "mlp_norm", "gate_up",
            "down")
+MATMULS = ("reduce", "fc", "qkv", "o", "gate_up", "down")  # its own matmuls' weights (the head is the target's)
 
 
 class EagleDraft:
@@ -192,9 +194,12 @@ def save_draft(directory, tensors: dict[str, torch.Tensor], vocab_ids: torch.Ten
     (d / CARD_FILE).write_text(json.dumps({"format": FORMAT, **card}, indent=1) + "\n")
 
 
-def load_draft(directory, target_fingerprint: str) -> tuple[dict[str, torch.Tensor], torch.Tensor, dict]:
-    """Tensors, vocabulary and card, after checking the card names this target.
-    Raises ValueError naming both fingerprints for a draft trained for another model."""
+def load_draft(directory, target_fingerprint: str, weights: str = "stored"
+               ) -> tuple[dict[str, torch.Tensor], torch.Tensor, dict]:
+    """Tensors, vocabulary and card, after checking the card names this target; with
+    `weights` "q8" or "q4", its matmuls' weights rounded to that block format
+    (engines/panels.py: round_to). Raises ValueError naming both fingerprints for a
+    draft trained for another model."""
     import json
     from pathlib import Path
 
@@ -214,4 +219,7 @@ def load_draft(directory, target_fingerprint: str) -> tuple[dict[str, torch.Tens
     missing = [k for k in (*TENSORS, "vocab_ids") if k not in data]
     if missing:
         raise ValueError(f"eagle draft in {d}: missing tensors {missing}")
-    return {k: data[k].float() for k in TENSORS}, data["vocab_ids"].long(), card
+    tensors = {k: data[k].float() for k in TENSORS}
+    if weights != "stored":
+        tensors.update({k: round_to(tensors[k], weights) for k in MATMULS})
+    return tensors, data["vocab_ids"].long(), card

@@ -22,7 +22,8 @@ from engines.distill.train import agreement, train
 from engines.drafts import Drafts, build_drafts
 from engines.layouts import Columns
 from engines.loading import fingerprint
-from engines.proposers.eagle import EagleDraft, EagleProposer, load_draft, save_draft
+from engines.panels import encode as weight_format
+from engines.proposers.eagle import MATMULS, EagleDraft, EagleProposer, load_draft, save_draft
 from tests import helpers
 from tests.helpers import (
     WORDS,
@@ -138,7 +139,8 @@ def test_an_eagle_draft_reads_no_more_of_a_prompt_than_its_training_windows(tmp_
         q = EagleProposer(d, 32)
         q.observe_states(states)
         return q.propose(ctx, 3, greedy, torch.Generator())
-    unbounded = EagleDraft(target, *load_draft(tmp_path, fingerprint(loaded))[:2], LAYERS)  # reads all it is given
+    as_built = load_draft(tmp_path, fingerprint(loaded), cfg.drafts[0].weights)[:2]  # rounded as the engine's
+    unbounded = EagleDraft(target, *as_built, LAYERS)  # reads all it is given
     got, tail = drafted(draft, states_of(prompt), ctx), drafted(unbounded, states_of(prompt)[5:], ctx[5:])
     full = drafted(unbounded, states_of(prompt), ctx)
     assert got.token_ids.tolist() == tail.token_ids.tolist()  # as if the prompt were its last 4 tokens
@@ -175,6 +177,32 @@ def test_a_draft_made_for_another_target_is_refused_naming_both(tmp_path):
         load_draft(tmp_path, fingerprint(other))
     assert fingerprint(mine) in str(e.value) and fingerprint(other) in str(e.value)
     assert fingerprint(mine) == fingerprint(tiny_loaded(seed=0))  # the same model, loaded again
+
+
+@pytest.mark.parametrize("fmt", ["q8", "q4"])
+def test_a_draft_loaded_with_rounded_weights_streams_its_matmuls_in_that_format_and_stays_lossless(tmp_path, fmt):
+    """EagleDraftConfig.weights: its own matmuls' weights rounded to a block format on loading
+    (the panels stream them in it), its norms as stored; greedy output is still plain's."""
+    mine = tiny_loaded(seed=0, scale=4.0, dtype=torch.float32)
+    head = EagleHead(mine.model.weights, mine.model.cfg, torch.arange(2, 30), LAYERS)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    save_draft(tmp_path, head.export(), torch.arange(2, 30), {"target_fingerprint": fingerprint(mine),
+                                                               "feature_layers": list(LAYERS)})
+    stored, ids, _ = load_draft(tmp_path, fingerprint(mine))
+    rounded, _, _ = load_draft(tmp_path, fingerprint(mine), fmt)
+    for name, t in rounded.items():
+        if name in MATMULS:
+            assert weight_format(t)[0] == fmt and not torch.equal(t, stored[name])
+            assert torch.allclose(t, stored[name], atol=0.1 * float(stored[name].abs().max()))
+        else:
+            assert torch.equal(t, stored[name]), name
+    draft = EagleDraft(mine.model, rounded, ids, LAYERS)
+    Drafts({}, [draft.model.weights], [draft]).route_columns(3, 2, panels=True)
+    assert {m.panel.fmt for m in (draft.fc, draft.reduce, draft.model.weights.layers[0].qkv)} == {fmt}
+    assert_greedy_is_plain(mine.model, "eagle", lambda cap: EagleProposer(draft, cap),
+                           [[5, 6, 7, 5, 6], [9, 3, 12, 30, 2, 2, 8], [20]], (1, 3))
 
 
 def test_distillation_learns_on_the_targets_own_answers(tmp_path):

@@ -161,6 +161,25 @@ def test_weights_through_ggufs_own_quantizers_are_recognised_and_nothing_is_appr
     assert panels.Panel(odd, k).fmt == "float32"
 
 
+@pytest.mark.parametrize("fmt, levels", [("q8", 255), ("q4", 16)])
+def test_weights_rounded_to_a_block_format_are_its_nearest_values_and_stream_in_it(k, fmt, levels):
+    """round_to: what a quantizer writes (each value within half a step of the weight, a step
+    being the block's span over its levels, with a half-precision scale), recognised as the
+    format; a block of zeros stays zeros."""
+    g = torch.Generator().manual_seed(6)
+    w = torch.randn(37, 3 * panels.BLOCK, generator=g) * torch.rand(37, 1, generator=g)
+    w[4, :panels.BLOCK] = 0.0
+    r = panels.round_to(w, fmt)
+    assert panels.Panel(r, k).fmt == fmt and torch.equal(panels.round_to(r, fmt), r)
+    b, rb = w.reshape(37, -1, panels.BLOCK), r.reshape(37, -1, panels.BLOCK)
+    span = 2 * b.abs().amax(-1) if fmt == "q8" else b.amax(-1) - b.amin(-1)
+    step = span / (levels - 1)
+    assert ((rb - b).abs() <= 0.5 * step[..., None] * 1.002 + 1e-7).all()
+    assert not torch.equal(r, w) and torch.equal(r[4, :panels.BLOCK], w[4, :panels.BLOCK])
+    with pytest.raises(ValueError, match="q8 or q4"):
+        panels.round_to(w, "q5")
+
+
 def test_the_start_up_check_refuses_block_formats_that_compute_otherwise(k, monkeypatch):
     call = panels.Panel.__call__
     monkeypatch.setattr(panels.Panel, "__call__",
