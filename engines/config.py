@@ -139,10 +139,11 @@ class EagleDraftConfig(_Strict):
     this. The engine raises it to what its step budget would pay for at the current load, drafting
     cost included; a request's decision may raise it further."""
     weights: Literal["stored", "q8", "q4"] = "q8"
-    """Its layer's matmul weights as stored (bfloat16), or rounded on loading to Q8_0 or Q4_1
-    blocks, which the CPU kernel streams in 1.125 or 0.75 bytes a weight instead of 2: a draft
-    need not be exact (output stays the target's), and it drafts every token alone, reading them
-    all. Its head stays the target's own rows."""
+    """Its own matmuls' weights (its layer's and the two that build its input) as stored
+    (bfloat16), or rounded on loading to Q8_0 or Q4_1 blocks, which the CPU kernel streams in
+    1.125 or 0.75 bytes a weight instead of 2: a draft need not be exact (output stays the
+    target's), and it drafts every token alone, reading them all. Its head stays the target's
+    own rows. q4 accepted less than it saved on SmolLM2 (README, "Engines")."""
 
 
 class HybridDraftConfig(_Strict):
