@@ -107,26 +107,37 @@ class AcceptanceEstimate:
 class RequestBias:
     """How one request's drafts fare against the engine-wide calibration:
     accepted over expected on the tokens it tried, recent rounds weighing most,
-    with M pseudo-tokens at 1 (no evidence: as calibrated). A request that
-    copies its prompt accepts more than the shared bins predict, a chatty one
-    less; its estimates are scaled by the ratio.
+    with a prior of M tried tokens at the calibrated rate (no evidence: as
+    calibrated). A request that copies its prompt accepts more than the shared
+    bins predict, a chatty one less; its estimates are scaled by the ratio.
 
     Two ratios: one for a draft's first token (does a copy start right), one for
     the tokens after an accepted one (does it hold). Prompt lookup at T=0.7 on
     free text had its first token accepted at ~0.16 and a second after an
     accepted first at ~0.65: one ratio, learned mostly on first tokens, scaled
     every later token's estimate down again (the j-th token's survival by r^j),
-    and the adaptive arm verified one token in rounds where two paid."""
+    and the adaptive arm verified one token in rounds where two paid.
 
-    M = 2.0
+    The prior counts tried tokens, not expected ones: M expected tokens (the
+    earlier prior) weigh like M / 0.2 tried tokens at lookup's first-token
+    estimates of ~0.2, so a request whose lookups were all rejected kept half the
+    shared estimate (2 / (10 · 0.2 + 2) over the ratio's memory of ~10 rounds),
+    above the price of one verified draft, and verified one every round for
+    nothing (0.96–0.99x plain on free text at T=0.7)."""
+
+    M = 4.0  # tried tokens
     DECAY = 0.9  # per round with evidence: the ratio follows a request that stops copying
 
     def __init__(self):
         self.observed = [0.0, 0.0]  # [first tokens, later tokens]
         self.expected = [0.0, 0.0]
+        self.tried = [0.0, 0.0]
 
     def ratio(self, later: bool = False) -> float:
-        return (self.observed[later] + self.M) / (self.expected[later] + self.M)
+        if self.expected[later] <= 0.0:
+            return 1.0  # nothing tried (or only at estimates of zero): as calibrated
+        prior = self.M * self.expected[later] / self.tried[later]  # M tried at their mean estimate
+        return (self.observed[later] + prior) / (self.expected[later] + prior)
 
     def apply(self, estimates: torch.Tensor) -> torch.Tensor:
         out = estimates * self.ratio(True)
@@ -137,13 +148,14 @@ class RequestBias:
         """Calibrated estimates of the tokens verified, and how many were accepted."""
         tried = min(len(estimates), accepted + 1)
         if tried:
-            self._add(0, min(accepted, 1), float(estimates[0]))
+            self._add(0, min(accepted, 1), float(estimates[0]), 1)
         if tried > 1:  # the tokens after the first, up to the first rejected
-            self._add(1, accepted - 1, float(estimates[1:tried].sum()))
+            self._add(1, accepted - 1, float(estimates[1:tried].sum()), tried - 1)
 
-    def _add(self, i: int, accepted: float, expected: float) -> None:
+    def _add(self, i: int, accepted: float, expected: float, tried: int) -> None:
         self.observed[i] = self.observed[i] * self.DECAY + accepted
         self.expected[i] = self.expected[i] * self.DECAY + expected
+        self.tried[i] = self.tried[i] * self.DECAY + tried
 
 
 class Calibration:

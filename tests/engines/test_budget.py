@@ -374,6 +374,18 @@ def test_a_request_that_beats_the_shared_calibration_is_trusted_further():
     assert copying.ratio() < 0.5
 
 
+def test_a_request_whose_lookups_are_all_rejected_stops_paying_for_one_a_round():
+    """The prior counts tried tokens: at shared estimates of 0.2 and nothing accepted, the
+    request's own estimate falls below 0.06, the price of one verified draft for a lone row
+    (13.4 against 12.6 ms); a prior of 2 expected tokens held it at about 0.1."""
+    bias, est = budget.RequestBias(), torch.tensor([0.2, 0.4])
+    for _ in range(30):
+        bias.observe(est, accepted=0)
+    assert float(bias.apply(est)[0]) < 0.06
+    expected = sum(0.2 * 0.9 ** i for i in range(30))
+    assert 0.2 * 2 / (expected + 2) > 0.1  # what the prior in expected tokens kept
+
+
 def test_a_copy_that_rarely_starts_but_holds_keeps_its_later_tokens():
     # sampled free text: the first copied token is accepted one round in five, the second after an
     # accepted first as often as calibrated; a low first ratio must not scale the later tokens down too
