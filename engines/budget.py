@@ -118,12 +118,12 @@ class RequestBias:
     every later token's estimate down again (the j-th token's survival by r^j),
     and the adaptive arm verified one token in rounds where two paid.
 
-    The prior counts tried tokens, not expected ones: M expected tokens (the
-    earlier prior) weigh like M / 0.2 tried tokens at lookup's first-token
-    estimates of ~0.2, so a request whose lookups were all rejected kept half the
-    shared estimate (2 / (10 · 0.2 + 2) over the ratio's memory of ~10 rounds),
-    above the price of one verified draft, and verified one every round for
-    nothing (0.96–0.99x plain on free text at T=0.7)."""
+    The prior counts tried tokens, not expected ones: a prior of M expected
+    tokens weighs like M / 0.2 tried tokens at lookup's first-token estimates of
+    ~0.2, so with M = 2 a request whose lookups are all rejected would keep half
+    the shared estimate (2 / (10 · 0.2 + 2) over the ratio's memory of ~10
+    rounds), above the price of one verified draft, and verify one every round
+    for nothing (0.96–0.99x plain on free text at T=0.7)."""
 
     M = 4.0  # tried tokens
     DECAY = 0.9  # per round with evidence: the ratio follows a request that stops copying

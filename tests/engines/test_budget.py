@@ -377,7 +377,7 @@ def test_a_request_that_beats_the_shared_calibration_is_trusted_further():
 def test_a_request_whose_lookups_are_all_rejected_stops_paying_for_one_a_round():
     """The prior counts tried tokens: at shared estimates of 0.2 and nothing accepted, the
     request's own estimate falls below 0.06, the price of one verified draft for a lone row
-    (13.4 against 12.6 ms); a prior of 2 expected tokens held it at about 0.1. It keeps a
+    (13.4 against 12.6 ms); a prior of 2 expected tokens would hold it at about 0.1. It keeps a
     floor of about M over the tokens in its memory, so a long match the shared bins rate
     near 0.9 is still worth verifying: the request's probe."""
     bias, est = budget.RequestBias(), torch.tensor([0.2, 0.4])
