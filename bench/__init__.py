@@ -2,6 +2,7 @@
 
     engine.py      every arm against plain decoding and HF generate, per Spec-Bench category
     load.py        throughput and latency of every arm at concurrency 1..32 (continuous batching)
+    rounds.py      where a draft's rounds go (none, declined, k verified): adaptive γ beside fixed
     steps.py       engine tokens/s of one arm at a fixed batch, step by step: A/B of two checkouts
     stepcost.py    the step-cost model's prices against forwards it was not fitted on
     gateway.py     the gateway's added latency and echo-engine throughput
