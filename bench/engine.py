@@ -160,6 +160,18 @@ def hf_generate_runner(engine: BuiltinEngine):
     return run
 
 
+def dev_request(row: dict, temperature: float, max_tokens: int, sample: int = 0) -> dict:
+    """A dev row's first turn as GenerationRequest fields; sample k samples with its own seed."""
+    sp = SamplingParams(max_tokens=max_tokens, temperature=temperature,
+                        seed=int(row["question_id"]) + 100_003 * sample)
+    return dict(request_id=str(row["question_id"]), messages=(ChatMessage("user", row["turns"][0]),), sampling=sp)
+
+
+def rotated(modes: list[str], n: int) -> list[str]:
+    """The modes starting at the n-th: rotated per run, so that drift hits every mode alike."""
+    return [modes[(i + n) % len(modes)] for i in range(len(modes))]
+
+
 def run_bench(engine: BuiltinEngine, rows: list[dict], modes: list[str], temperatures: list[float], max_tokens: int,
               hf_pld: tuple[int, ...] | None, log=print, samples: int = 1) -> dict:
     hf = hf_generate_runner(engine) if hf_pld is not None else None
@@ -171,11 +183,9 @@ def run_bench(engine: BuiltinEngine, rows: list[dict], modes: list[str], tempera
         cat, qid = row["category"], str(row["question_id"])
         for temp in temperatures:
             for k in range(samples):
-                sp = SamplingParams(max_tokens=max_tokens, temperature=temp, seed=int(qid) + 100_003 * k)
-                req = dict(request_id=qid, messages=(ChatMessage("user", row["turns"][0]),), sampling=sp)
+                req = dev_request(row, temp, max_tokens, k)
                 outputs = {}
-                rotation = [modes[(i + done) % len(modes)] for i in range(len(modes))]  # drift hits every mode alike
-                for mode in rotation:
+                for mode in rotated(modes, done):
                     arm, fixed = parse_mode(mode)
                     res = engine.generate(GenerationRequest(arm=arm, fixed_gamma=fixed, **req))
                     s = res.stats

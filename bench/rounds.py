@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections import Counter, defaultdict
+from collections import Counter
 
 import numpy as np
 
@@ -41,18 +41,15 @@ def kinds(drafted: list[int], verified: list[int]) -> Counter:
 def run(engine, rows: list[dict], modes: list[str], temperature: float, max_tokens: int, repeats: int,
         log=None) -> dict:
     """Per mode: tokens and seconds per prompt (summed over repeats), and its rounds by kind."""
-    from bench.engine import parse_mode
-    from engines.api import ChatMessage, GenerationRequest, SamplingParams
+    from bench.engine import dev_request, parse_mode, rotated
+    from engines.api import GenerationRequest
 
     out = {m: dict(tokens=np.zeros(len(rows)), seconds=np.zeros(len(rows)), rounds=Counter()) for m in modes}
     n = 0
     for rep in range(repeats):
         for i, row in enumerate(rows):
-            sp = SamplingParams(max_tokens=max_tokens, temperature=temperature,
-                                seed=int(row["question_id"]) + 100_003 * rep)
-            req = dict(request_id=str(row["question_id"]), messages=(ChatMessage("user", row["turns"][0]),),
-                       sampling=sp)
-            for mode in (modes[(j + n) % len(modes)] for j in range(len(modes))):
+            req = dev_request(row, temperature, max_tokens, rep)
+            for mode in rotated(modes, n):
                 arm, fixed = parse_mode(mode)
                 s = engine.generate(GenerationRequest(arm=arm, fixed_gamma=fixed, **req)).stats
                 cell = out[mode]
@@ -115,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    rows = [r for r in dev_prompts(args.per_category) if not args.categories or r["category"] in args.categories]
+    rows = dev_prompts(args.per_category, args.categories)
     if not rows:
         print(f"error: no dev prompts in {args.categories}", file=sys.stderr)
         return 2
@@ -123,10 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     engine = BuiltinEngine.from_config(load_engine_config(args.config), start_worker=False)
     out = drive_from_side_thread(engine, lambda: run(engine, rows, args.modes, args.temperature, args.max_tokens,
                                                      args.repeats, log))
-    cats = defaultdict(int)
-    for r in rows:
-        cats[r["category"]] += 1
-    print(f"machine: {cpu_model()}; {len(rows)} prompts ({len(cats)} categories), T={args.temperature:g}, "
+    cats = len({r["category"] for r in rows})
+    print(f"machine: {cpu_model()}; {len(rows)} prompts ({cats} categories), T={args.temperature:g}, "
           f"{args.max_tokens} tokens, {args.repeats} repeats")
     print("\n".join(report(out, args.modes)))
     return 0

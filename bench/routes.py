@@ -139,15 +139,15 @@ def served_and_compared(engine, rows: list[dict], rounds: int, switch, arms: lis
     return drive_from_side_thread(engine, serve)
 
 
-def dev_prompts(per_category: int) -> list[dict]:
-    """The dev split's benchmark prompts: the first `per_category` of each category."""
+def dev_prompts(per_category: int, categories: list[str] | None = None) -> list[dict]:
+    """The dev split's benchmark prompts: the first `per_category` of each category (of `categories`)."""
     import json
 
     from bench import default_data_path
     from bench.engine import pick_prompts
 
     return pick_prompts([json.loads(x) for x in default_data_path().read_text().splitlines() if x.strip()],
-                        per_category, None)
+                        per_category, categories)
 
 
 def lone_and_served(engine, rows: list[dict], rounds: int, switch, arms: list[str], max_tokens: int) -> dict:
