@@ -114,7 +114,10 @@ class RaggedAttention:
 
     def __call__(self, slot: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
         """Store layer `slot`'s new keys and values and attend: q [N, H, D], k and v
-        [N, Hk, D] (each token's heads contiguous), into out [N, H·D] (contiguous)."""
+        [N, Hk, D], into out [N, H·D] (contiguous). The kernel reads a token's heads
+        as one run of memory; a matmul routed as W @ xᵀ by MKL gives its rows as a
+        transposed view, so inputs laid out otherwise are copied first."""
+        q, k, v = (x if x.stride(-1) == 1 and x.stride(-2) == self.D else x.contiguous() for x in (q, k, v))
         failed = self.k.lib.ragged_attend(self.n, self.T, self.off, self.start, self.kc, self.vc, self.ls, slot,
                                           self.hs, self.ps, q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0),
                                           v.data_ptr(), v.stride(0), out.data_ptr(), self.H, self.Hk, self.D,

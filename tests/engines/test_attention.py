@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from engines.attention import RaggedAttention, attention_kernel, check, fits
+from engines.layouts import can_pack_rows, linear, route_columns
 from engines.llama import KVCache
 from tests.helpers import lean_from_hf, tiny_hf_model
 
@@ -45,26 +46,53 @@ def test_fits_only_float32_caches_the_vectors_divide(k):
     assert not fits(None, torch.zeros(1, 1, 2, 8, lanes), lanes)
 
 
-def test_a_forward_with_the_kernel_matches_one_without(k):
-    hf = tiny_hf_model(hidden=4 * 2 * k.attention_lanes, heads=4, kv_heads=2, layers=3, dtype=torch.float32)
-    model = lean_from_hf(hf, torch.float32)
+def two_steps(model) -> tuple:
+    """Rows prefilling (one from scratch past the fused kernel's size, which SDPA keeps),
+    then a step where a row decodes, one verifies 4 tokens and one feeds a chunk after
+    its prompt: both steps' logits and states, and the caches after them."""
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(2, model.cfg.vocab_size, (n,), generator=g) for n in (7, 20, 3)]
     nxt = [torch.randint(2, model.cfg.vocab_size, (n,), generator=g) for n in (1, 4, 9)]
-    outs = {}
-    for name, kernel in (("torch", None), ("kernel", k)):
-        model.attention_kernel = kernel
-        caches = [model.new_cache(64) for _ in prompts]
-        # a step of rows prefilling (one from scratch past the fused kernel's size, which SDPA keeps),
-        # then one where a row decodes, one verifies 4 tokens and one feeds a chunk after its prompt
-        first = model.forward_many([(p, c, True) for p, c in zip(prompts, caches)], hidden=True)
-        second = model.forward_many([(x, c, True) for x, c in zip(nxt, caches)], hidden=True)
-        outs[name] = (first, second, [(c.k.clone(), c.v.clone(), c.lengths[0]) for c in caches])
+    caches = [model.new_cache(64) for _ in prompts]
+    first = model.forward_many([(p, c, True) for p, c in zip(prompts, caches)], hidden=True)
+    second = model.forward_many([(x, c, True) for x, c in zip(nxt, caches)], hidden=True)
+    return first, second, [(c.k.clone(), c.v.clone(), c.lengths[0]) for c in caches]
+
+
+def assert_same_steps(got, want) -> None:
     for step in (0, 1):
-        (lt, st), (lk, sk) = outs["torch"][step], outs["kernel"][step]
+        (lt, st), (lk, sk) = want[step], got[step]
         for a, b in zip(lt + st, lk + sk):
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
-    for (kt, vt, nt), (kk, vk, nk) in zip(outs["torch"][2], outs["kernel"][2]):
+    for (kt, vt, nt), (kk, vk, nk) in zip(want[2], got[2]):
         assert nt == nk
         torch.testing.assert_close(kk[..., :nt, :], kt[..., :nt, :], rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(vk[..., :nt, :], vt[..., :nt, :], rtol=1e-4, atol=1e-4)
+
+
+def kernel_sized_model(k):
+    hf = tiny_hf_model(hidden=4 * 2 * k.attention_lanes, heads=4, kv_heads=2, layers=3, dtype=torch.float32)
+    return lean_from_hf(hf, torch.float32)
+
+
+def test_a_forward_with_the_kernel_matches_one_without(k):
+    model = kernel_sized_model(k)
+    model.attention_kernel = None
+    want = two_steps(model)
+    model.attention_kernel = k
+    assert_same_steps(two_steps(model), want)
+
+
+@pytest.mark.skipif(not can_pack_rows(torch.float32), reason="no MKL GEMM in this torch build")
+def test_the_kernel_reads_the_transposed_rows_of_matmuls_routed_by_mkl(k):
+    """A matmul routed as W @ xᵀ by MKL (engines/layouts.py: Columns) gives its rows
+    as a transposed view, so q, k and v reach the kernel with a token's heads strided:
+    the forward still matches torch's attention over the weights as laid out."""
+    model = kernel_sized_model(k)
+    model.attention_kernel = None
+    want = two_steps(model)
+    route_columns(model.weights, 16, 16, panels=False)
+    model.attention_kernel = k
+    qkv = linear(torch.randn(3, model.cfg.hidden_size), model.weights.layers[0].qkv)
+    assert qkv.stride(-1) != 1  # the layout the kernel must not misread
+    assert_same_steps(two_steps(model), want)
