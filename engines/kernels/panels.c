@@ -251,6 +251,56 @@ QPASSES(Q4, dq_q4)
 QPASSES(Q8, dq_q8)
 QPASSES(BF16, dq_bf16)
 
+/* As QPASS, the panel taken as two halves of R/2 output rows: the accumulators of 2G
+ * inputs (R/2 · 2G) fit where QPASS holds G, so each code is expanded once for twice the
+ * inputs, and a pass holds fewer weight vectors live. The first half streams the panel
+ * from memory, the second finds it in L1. Each product is summed in QPASS's order: the
+ * same bits. Used on AVX2 (16 registers, G = 3) from 2 rows; a lone row keeps QPASS's
+ * four independent accumulators (as halves, the Q8_0 head ran 1.1-1.2x slower). SmolLM2's
+ * Q4_1 layers on an AMD EPYC (engines/panels.py quotes the figures): 4 rows 19.0 ms as
+ * a pass of 3 and one of 1, 10.7 as halves; 2 and 3 rows 0.85-0.89x QPASS's time. */
+#define QSPLIT(FMT, DQ, NG)                                                                           \
+    static inline void qsplit_##FMT##_##NG(const unsigned char *pb, const float *x, long K, float *y,  \
+                                           long ldy, long o0, long O, int first) {                   \
+        long nb = K / QB;                                                                             \
+        for (int h = 0; h < R; h += R / 2) {                                                          \
+            vf acc[R / 2][NG];                                                                        \
+            for (int r = 0; r < R / 2; r++)                                                           \
+                for (int n = 0; n < NG; n++) acc[r][n] = (vf){0};                                     \
+            for (long j = 0; j < nb; j++) {                                                           \
+                const unsigned char *blk = pb + j * BB_##FMT;                                         \
+                if (first && h == 0)                                                                  \
+                    for (int l = 0; l < BB_##FMT; l += 64) __builtin_prefetch(blk + AHEAD_BYTES + l, 0, 0); \
+                for (int c = 0; c < CH; c++)                                                          \
+                    for (int r = 0; r < R / 2; r++) {                                                 \
+                        vf wv = DQ(blk, h + r, c);                                                    \
+                        for (int n = 0; n < NG; n++)                                                  \
+                            acc[r][n] += wv * *(const vfu *)(x + n * K + j * QB + c * VW);            \
+                    }                                                                                 \
+            }                                                                                         \
+            for (int r = 0; r < R / 2; r++)                                                           \
+                if (o0 + h + r < O)                                                                   \
+                    for (int n = 0; n < NG; n++) y[n * ldy + o0 + h + r] = lanes_sum(acc[r][n]);      \
+        }                                                                                             \
+    }
+#if G == 3
+#define QG 6 /* inputs a pass over a block format takes: halves */
+#define QSPLITS(FMT, DQ) \
+    QSPLIT(FMT, DQ, 2) QSPLIT(FMT, DQ, 3) QSPLIT(FMT, DQ, 4) QSPLIT(FMT, DQ, 5) QSPLIT(FMT, DQ, 6)
+QSPLITS(Q4, dq_q4)
+QSPLITS(Q8, dq_q8)
+QSPLITS(BF16, dq_bf16)
+#define QCALL(FMT)                                                                                    \
+    switch (ng) {                                                                                     \
+    case 1: qpass_##FMT##_1(pb, xg, K, yg, ldy, b * R, O, g == 0); break;                            \
+    case 2: qsplit_##FMT##_2(pb, xg, K, yg, ldy, b * R, O, g == 0); break;                           \
+    case 3: qsplit_##FMT##_3(pb, xg, K, yg, ldy, b * R, O, g == 0); break;                           \
+    case 4: qsplit_##FMT##_4(pb, xg, K, yg, ldy, b * R, O, g == 0); break;                           \
+    case 5: qsplit_##FMT##_5(pb, xg, K, yg, ldy, b * R, O, g == 0); break;                           \
+    default: qsplit_##FMT##_6(pb, xg, K, yg, ldy, b * R, O, g == 0); break;                          \
+    }
+#else
+#define QG G /* 32 registers hold a whole panel's accumulators for G inputs */
 #define QCALL(FMT)                                                                                    \
     switch (ng) {                                                                                     \
     case 1: qpass_##FMT##_1(pb, xg, K, yg, ldy, b * R, O, g == 0); break;                            \
@@ -258,9 +308,10 @@ QPASSES(BF16, dq_bf16)
     case 3: qpass_##FMT##_3(pb, xg, K, yg, ldy, b * R, O, g == 0); break;                            \
     default: qpass_##FMT##_4(pb, xg, K, yg, ldy, b * R, O, g == 0); break;                           \
     }
+#endif
 
 /* panels_mm over a weight in a block format (p from qpanels_pack): each panel's codes are
- * expanded in registers as they are multiplied, once a pass of up to G rows (expanding a
+ * expanded in registers as they are multiplied, once a pass of up to QG rows (expanding a
  * panel once into L1 for all the passes ran slower from 5 rows up). -1 if K is not a
  * multiple of a block or the format is unknown. */
 int qpanels_mm(int fmt, const unsigned char *p, const float *x, float *y, long O, long K, long N, long ldy,
@@ -271,10 +322,10 @@ int qpanels_mm(int fmt, const unsigned char *p, const float *x, float *y, long O
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (long b = 0; b < blocks; b++) {
         const unsigned char *pb = p + b * nb * bb;
-        for (long g = 0; g < N; g += G) {
+        for (long g = 0, ng; g < N; g += ng) {
             const float *xg = x + g * K;
             float *yg = y + g * ldy;
-            int ng = N - g < G ? (int)(N - g) : G;
+            ng = N - g < QG ? N - g : QG;
             if (fmt == QP_Q4) QCALL(Q4) else if (fmt == QP_Q8) QCALL(Q8) else QCALL(BF16)
         }
     }
