@@ -8,24 +8,33 @@ and by the panels kernel (engines/panels.py, where it builds), in float32 and
 in Q4_1 (the weights' values are Q4_1's, as a GGUF model's layers are, so every
 kernel multiplies the same numbers), alternated, each its fastest of `--rounds`.
 
+`--against FILE` also times the Q4_1 panels by another source of the panels
+kernel (an earlier revision: `git show REV:engines/kernels/panels.c > FILE`),
+built as the engine builds its own, over the same panels' bytes (the layout must
+be the same), alternated with the rest; the last column is this kernel's time
+over that one's.
+
     .venv/bin/python bench/matmuls.py
+    .venv/bin/python bench/matmuls.py --rows 1 2 3 4 6 9 --against /tmp/panels-before.c
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # SmolLM2-135M: qkv, o, gate_up, down [out, in]
-KINDS = ("oneDNN x @ Wᵀ", "BLAS x @ Wᵀ", "W @ xᵀ", "panels W @ xᵀ", "panels Q4_1")
+KINDS = ("oneDNN x @ Wᵀ", "BLAS x @ Wᵀ", "W @ xᵀ", "panels W @ xᵀ", "panels Q4_1", "Q4_1 against")
 
 
-def run(rows: tuple[int, ...], layers: int, rounds: int, threads: int) -> dict[int, dict[str, float]]:
+def run(rows: tuple[int, ...], layers: int, rounds: int, threads: int,
+        against: Path | None = None) -> dict[int, dict[str, float]]:
     """Per row count, per kernel: the fastest pass over every layer's matmuls, in seconds."""
     import torch
     import torch.nn.functional as F
 
-    from engines.panels import Panel, exactly, kernel
+    from engines.panels import Panel, build, check, exactly, kernel
 
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(0)
@@ -34,7 +43,14 @@ def run(rows: tuple[int, ...], layers: int, rounds: int, threads: int) -> dict[i
     k = kernel()
     panels = [[Panel(w, k, formats=False) for w in ws] for ws in dense] if k else None
     q4 = [[Panel(w, k) for w in ws] for ws in dense] if k and k.formats else None
-    kinds = KINDS[:3] + KINDS[3:3 + bool(k) + bool(q4)]
+    other = None
+    if against is not None:
+        other = build(against)
+        if q4 is None or (other.lanes, other.rows, other.formats) != (k.lanes, k.rows, True):
+            raise SystemExit(f"{against}: not the same panels layout as the engine's kernel on this machine")
+        if check(other):
+            raise SystemExit(f"{against}: {check(other)}")
+    kinds = KINDS[:3] + KINDS[3:3 + bool(k) + bool(q4)] + KINDS[5:5 + bool(other)]
 
     def one_pass(kind: str, m: int) -> float:
         xs = {i: torch.randn(m, i, generator=g) for i in {i for _, i in SHAPES}}
@@ -47,6 +63,10 @@ def run(rows: tuple[int, ...], layers: int, rounds: int, threads: int) -> dict[i
                     q(xs[i])
                 elif kind == KINDS[4]:
                     f(xs[i])
+                elif kind == KINDS[5]:  # the same bytes, the other kernel's code
+                    f.k = other
+                    f(xs[i])
+                    f.k = k
                 elif kind == KINDS[0]:
                     torch.ops.mkldnn._linear_pointwise(xs[i], p, None, "none", [], "")
                 elif kind == KINDS[1]:
@@ -75,15 +95,21 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=30, help="(default: %(default)s, SmolLM2's)")
     ap.add_argument("--rounds", type=int, default=5, help="(default: %(default)s)")
     ap.add_argument("--threads", type=int, default=2, help="(default: %(default)s)")
+    ap.add_argument("--against", type=Path, metavar="FILE",
+                    help="another source of engines/kernels/panels.c to time the Q4_1 panels by as well")
     a = ap.parse_args()
+    if a.against is not None and not a.against.is_file():
+        ap.error(f"--against {a.against}: no such file")
     if min(a.rows) < 1 or a.layers < 1 or a.rounds < 1 or a.threads < 1:
         ap.error("--rows, --layers, --rounds and --threads must be positive")
     print(f"machine: {cpu_model()}; {a.layers} layers of SmolLM2's matmuls, {a.threads} threads, ms per pass")
-    res = run(tuple(a.rows), a.layers, a.rounds, a.threads)
+    res = run(tuple(a.rows), a.layers, a.rounds, a.threads, a.against)
     kinds = list(next(iter(res.values())))
-    print("rows  " + "  ".join(f"{k:>14s}" for k in kinds))
+    ratio = KINDS[5] in kinds
+    print("rows  " + "  ".join(f"{k:>14s}" for k in kinds) + ("   Q4_1 / against" if ratio else ""))
     for m, best in res.items():
-        print(f"{m:4d}  " + "  ".join(f"{best[k] * 1e3:14.2f}" for k in kinds))
+        print(f"{m:4d}  " + "  ".join(f"{best[k] * 1e3:14.2f}" for k in kinds)
+              + (f"  {best[KINDS[4]] / best[KINDS[5]]:16.3f}" if ratio else ""))
     return 0
 
 

@@ -24,8 +24,9 @@ the bytes read; nothing is approximated (a weight one value off its format
 stays float32). With AVX2's 16 vector registers a pass over a block format
 takes each panel as two halves of 2 output rows, for up to 6 input rows,
 instead of whole panels for 3: the codes are expanded once for twice the rows
-(SmolLM2's Q4_1 layers on an AMD EPYC: 2 / 3 / 4 / 6 rows 0.88 / 0.82 / 0.57 /
-0.69x the time of whole-panel passes, a lone row unchanged).
+(SmolLM2's Q4_1 layers on an AMD EPYC: 2 / 3 / 4 / 6 rows 0.87 / 0.84 / 0.52 /
+0.65x the time of whole-panel passes, a lone row unchanged; bench/matmuls.py
+--against).
 
 The kernel is compiled from its C source with the machine's C compiler for the
 machine's own instruction set (~1 s, in a private temporary folder), run first
@@ -216,32 +217,41 @@ def _q8(b: torch.Tensor):
 def kernel() -> Kernel | None:
     """The kernel built for this machine, once a process; None where it cannot be built
     or computes other than torch does (logged)."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        log.info("panels kernel: no C compiler found; the matmul routes keep MKL")
+    try:
+        k = build(SOURCE)
+    except LookupError as e:
+        log.info("panels kernel: %s; the matmul routes keep MKL", e)
         return None
-    with tempfile.TemporaryDirectory(prefix="specgate-panels-") as d:  # private (0700): nobody swaps the library
-        lib_path, test_path = Path(d) / "panels.so", Path(d) / "selftest"
-        try:
-            # the same code as a program first: an instruction this CPU cannot run kills it, not us
-            sources = (str(SOURCE), str(ATTENTION_SOURCE))
-            subprocess.run([cc, *TEST_FLAGS, "-o", str(test_path), *sources, "-lm"], check=True,
-                           capture_output=True, timeout=120)
-            subprocess.run([str(test_path)], check=True, capture_output=True, timeout=60)
-            subprocess.run([cc, *FLAGS, "-o", str(lib_path), *sources, "-lm"], check=True,
-                           capture_output=True, timeout=120)
-            k = Kernel(ctypes.CDLL(str(lib_path)))  # loaded: the file may go
-        except (OSError, subprocess.SubprocessError) as e:
-            err = getattr(e, "stderr", b"") or b""
-            log.warning("panels kernel: build failed (%s) %s; the matmul routes keep MKL", e,
-                        err.decode(errors="replace")[-500:])
-            return None
+    except (OSError, subprocess.SubprocessError) as e:
+        err = getattr(e, "stderr", b"") or b""
+        log.warning("panels kernel: build failed (%s) %s; the matmul routes keep MKL", e,
+                    err.decode(errors="replace")[-500:])
+        return None
     problem = check(k)
     if problem:
         log.warning("panels kernel: %s; the matmul routes keep MKL", problem)
         return None
     log.info("panels kernel built (%d lanes, %d-row panels)", k.lanes, k.rows)
     return k
+
+
+def build(source: Path) -> Kernel:
+    """Compile `source` (with the attention kernel beside it) for this machine, run it
+    first as a program of its own (an instruction this CPU cannot run kills that, not
+    us), then load it. Raises LookupError without a C compiler, OSError or
+    SubprocessError where a step fails; `check` is the caller's."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise LookupError("no C compiler found")
+    with tempfile.TemporaryDirectory(prefix="specgate-panels-") as d:  # private (0700): nobody swaps the library
+        lib_path, test_path = Path(d) / "panels.so", Path(d) / "selftest"
+        sources = (str(source), str(ATTENTION_SOURCE))
+        subprocess.run([cc, *TEST_FLAGS, "-o", str(test_path), *sources, "-lm"], check=True,
+                       capture_output=True, timeout=120)
+        subprocess.run([str(test_path)], check=True, capture_output=True, timeout=60)
+        subprocess.run([cc, *FLAGS, "-o", str(lib_path), *sources, "-lm"], check=True,
+                       capture_output=True, timeout=120)
+        return Kernel(ctypes.CDLL(str(lib_path)))  # loaded: the file may go
 
 
 def check(k: Kernel) -> str | None:

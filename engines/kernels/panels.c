@@ -257,8 +257,8 @@ QPASSES(BF16, dq_bf16)
  * from memory, the second finds it in L1. Each product is summed in QPASS's order: the
  * same bits. Used on AVX2 (16 registers, G = 3) from 2 rows; a lone row keeps QPASS's
  * four independent accumulators (as halves, the Q8_0 head ran 1.1-1.2x slower). SmolLM2's
- * Q4_1 layers on an AMD EPYC (engines/panels.py quotes the figures): 4 rows 19.0 ms as
- * a pass of 3 and one of 1, 10.7 as halves; 2 and 3 rows 0.85-0.89x QPASS's time. */
+ * Q4_1 layers on an AMD EPYC with AVX2 (bench/matmuls.py --against the whole panels):
+ * 2 / 3 / 4 rows 0.87 / 0.84 / 0.52x the time, 5-16 rows 0.64-0.73x. */
 #define QSPLIT(FMT, DQ, NG)                                                                           \
     static inline void qsplit_##FMT##_##NG(const unsigned char *pb, const float *x, long K, float *y,  \
                                            long ldy, long o0, long O, int first) {                   \
