@@ -48,8 +48,9 @@ def run(rows: tuple[int, ...], layers: int, rounds: int, threads: int,
         other = build(against)
         if q4 is None or (other.lanes, other.rows, other.formats) != (k.lanes, k.rows, True):
             raise SystemExit(f"{against}: not the same panels layout as the engine's kernel on this machine")
-        if check(other):
-            raise SystemExit(f"{against}: {check(other)}")
+        problem = check(other)
+        if problem:
+            raise SystemExit(f"{against}: {problem}")
     kinds = KINDS[:3] + KINDS[3:3 + bool(k) + bool(q4)] + KINDS[5:5 + bool(other)]
 
     def one_pass(kind: str, m: int) -> float:
