@@ -19,15 +19,15 @@ from engines.api import GenerationStats, SamplingParams
 from engines.llama import KVCache
 from engines.proposers.base import Proposal
 from engines.rejection_sampler import rejection_sample
-from engines.sampling import argmax, logits_to_probs, sample_index
+from engines.sampling import Draws, argmax, logits_to_probs, sample_index
 
 
-def sample_token(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator) -> int:
-    """logits [1, V] -> one token id (argmax when greedy)."""
+def sample_token(logits: torch.Tensor, sampling: SamplingParams, draws: Draws, position: int) -> int:
+    """logits [1, V] -> the token at output position `position` (argmax when greedy)."""
     if sampling.temperature == 0:
         return int(argmax(logits[0]))
     probs = logits_to_probs(logits, sampling)
-    return sample_index(probs[0], generator)
+    return sample_index(probs[0], draws.sample(position))
 
 
 def draft_budget(gamma: int, produced: int, max_tokens: int, cache: KVCache) -> int:
@@ -41,10 +41,11 @@ def verification_input(last_token: int, drafts: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.tensor([last_token], device=drafts.device), drafts])
 
 
-def verify(logits: torch.Tensor, proposal: Proposal, sampling: SamplingParams,
-           generator: torch.Generator) -> tuple[int, list[int]]:
+def verify(logits: torch.Tensor, proposal: Proposal, sampling: SamplingParams, draws: Draws,
+           position: int) -> tuple[int, list[int]]:
     """logits [k + 1, V] of the verification forward (row i predicts what follows
-    input i) -> (accepted n, emitted tokens: the n accepted drafts + one more)."""
+    input i), the first at output position `position` -> (accepted n, emitted
+    tokens: the n accepted drafts + one more)."""
     drafts = proposal.token_ids  # [k]
     k = drafts.shape[0]
     if sampling.temperature == 0:
@@ -53,7 +54,9 @@ def verify(logits: torch.Tensor, proposal: Proposal, sampling: SamplingParams,
         mismatch = (best[:k] != drafts).nonzero()
         n = int(mismatch[0]) if mismatch.numel() else k
         return n, drafts[:n].tolist() + [int(best[n])]
-    return rejection_sample(drafts, proposal.probs, logits_to_probs(logits, sampling), generator)
+    return rejection_sample(drafts, proposal.probs, logits_to_probs(logits, sampling),
+                            [draws.sample(position + i) for i in range(k + 1)],
+                            [draws.accept(position + i) for i in range(k)])
 
 
 def rollback(cache: KVCache, drafted: int, accepted: int) -> None:

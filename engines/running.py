@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 from engines import budget
 from engines.api import GenerationStats, SamplingParams
 from engines.llama import KVCache
 from engines.proposers import Proposal
+from engines.sampling import Draws
 from engines.text import IncrementalText
 
 
@@ -26,7 +25,7 @@ class Running:
     prompt_len: int
     cache: KVCache
     proposer: object | None
-    generator: torch.Generator
+    draws: Draws  # its random numbers, by output position
     stats: GenerationStats
     text: IncrementalText
     started: float

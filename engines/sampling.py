@@ -44,19 +44,68 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     return x.max(dim=-1).indices
 
 
-def sample_index(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """One index drawn from `probs` [V] (non-negative weights, not necessarily
-    normalised) by inverting their cumulative sum at a uniform draw: the
-    distribution torch.multinomial draws from, 11x faster on CPU over SmolLM2's
-    49,152 tokens (90 against 1,000 µs, paid by every sampled token and by every
-    sampled verification's recovered or bonus token). Accumulated in float64, so
-    each token's interval is its probability to ~1e-16."""
+def sample_index(probs: torch.Tensor, u: float) -> int:
+    """The index of `probs` [V] (non-negative weights, not necessarily
+    normalised) at the uniform draw `u` in [0, 1), by inverting their cumulative
+    sum: the distribution torch.multinomial draws from, 11x faster on CPU over
+    SmolLM2's 49,152 tokens (90 against 1,000 µs, paid by every sampled token
+    and by every sampled verification's recovered or bonus token). Accumulated
+    in float64, so each token's interval is its probability to ~1e-16."""
     cdf = probs.double().cumsum(-1)  # [V]
-    x = torch.rand((1,), generator=generator, dtype=torch.float64, device=probs.device) * cdf[-1]
+    x = (cdf[-1] * u).view(1)
     i = int(torch.searchsorted(cdf, x, right=True))  # the first index whose cdf exceeds x: one with mass
     if i >= cdf.shape[0]:  # x rounded up to the total: the last index with mass
         i = int(probs.nonzero()[-1])
     return i
+
+
+def uniform(generator: torch.Generator) -> float:
+    """The next uniform draw in [0, 1) of a generator (a draft's sampling)."""
+    return float(torch.rand((), generator=generator, dtype=torch.float64, device=generator.device))
+
+
+_MASK = (1 << 64) - 1
+SAMPLE, ACCEPT, DRAFT = 1, 2, 3  # Draws' streams
+
+
+def _mix(x: int) -> int:
+    """splitmix64's step: a 64-bit integer to a well-scrambled one."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+class Draws:
+    """A request's random numbers, fixed by its seed and by the output position
+    each one serves, not by the order they are asked for.
+
+    The target's token at output position t is the inverse of its CDF at
+    `sample(t)`, however the request is decoded: by a plain step, or verified
+    after a one-hot draft (prompt lookup), whose token is kept exactly when the
+    target's own draw at t picks it (rejection_sampler.py). So a seeded sampled
+    request writes the same text under plain decoding and under prompt lookup at
+    any γ, and the arm a policy picks for it (which follows the load) changes
+    only its speed. A model draft's acceptance tests draw from their own stream
+    (`accept(t)`), and its tokens are sampled by `drafting`, a generator seeded
+    apart: output stays exactly the target's distribution, but not plain's text.
+    (One generator consumed in order made every arm's text its own: at T > 0 two
+    arms compared on a prompt were two different answers.)"""
+
+    def __init__(self, seed: int, device: torch.device | str = "cpu"):
+        self.seed = _mix(seed & _MASK)
+        self.drafting = torch.Generator(device=device).manual_seed(self._bits(DRAFT, 0) >> 1)
+
+    def _bits(self, stream: int, position: int) -> int:
+        return _mix(_mix(self.seed ^ stream) ^ position)
+
+    def sample(self, position: int) -> float:
+        """The uniform in [0, 1) that picks the target's token at output position `position`."""
+        return (self._bits(SAMPLE, position) >> 11) * 2.0**-53
+
+    def accept(self, position: int) -> float:
+        """The uniform in [0, 1) that tests a model draft's token at `position`."""
+        return (self._bits(ACCEPT, position) >> 11) * 2.0**-53
 
 
 def logits_to_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:

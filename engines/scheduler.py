@@ -36,6 +36,7 @@ from engines.forwards import forward_rows, rerun_in_halves
 from engines.llama import KVCache, LlamaModel
 from engines.proposers import Proposal
 from engines.running import Plan, Running, calibration_key
+from engines.sampling import Draws
 from engines.stepcost import StepCost
 from engines.text import IncrementalText
 
@@ -98,7 +99,7 @@ class Scheduler:
                 part.calibrate = functools.partial(self.calibration.value, key)
             priced = name if part.drafting_costs else priced
         return Running(handle, sp, req.arm.gamma, req.arm.draft, list(handle.prompt_ids), len(handle.prompt_ids),
-                       cache, proposer, torch.Generator(device=self.model.device).manual_seed(seed), stats,
+                       cache, proposer, Draws(seed, self.model.device), stats,
                        IncrementalText(self.tokenizer, sp.stop), now, reserved, req.min_confidence, fixed, priced)
 
     # one step
@@ -248,11 +249,11 @@ class Scheduler:
                 r.proposer.observe_states(states)
             if r.prefilled == r.prompt_len:
                 r.stats.prefill_s = t2 - r.started
-                self._emit(r, [sample_token(logits, r.sampling, r.generator)], t2)
+                self._emit(r, [sample_token(logits, r.sampling, r.draws, r.produced)], t2)
             return
         if p.kind == "verify":
             k = p.take
-            n, emitted = verify(logits, p.proposal, r.sampling, r.generator)
+            n, emitted = verify(logits, p.proposal, r.sampling, r.draws, r.produced)
             p.accepted = n
             rollback(r.cache, k, n)
             if wants_states:
@@ -263,7 +264,7 @@ class Scheduler:
                 self.calibration.observe(key, p.proposal.confidence, n)
         else:
             k, n = 0, 0
-            emitted = [sample_token(logits, r.sampling, r.generator)]
+            emitted = [sample_token(logits, r.sampling, r.draws, r.produced)]
             if wants_states:
                 r.proposer.observe_states(states)
         if r.proposer is not None:
@@ -311,7 +312,7 @@ class Scheduler:
             if key is None:
                 t0 = time.perf_counter()
                 try:
-                    out[id(r)] = r.proposer.propose(r.tokens, k, r.sampling, r.generator)
+                    out[id(r)] = r.proposer.propose(r.tokens, k, r.sampling, r.draws.drafting)
                 except Exception as e:  # noqa: BLE001 - see _drop_draft
                     self._drop_draft([r], e)
                     continue
@@ -324,7 +325,7 @@ class Scheduler:
             proposer = group[0][0].proposer
             t0 = time.perf_counter()
             try:
-                props = type(proposer).propose_batch([(r.proposer, r.tokens, k, r.sampling, r.generator)
+                props = type(proposer).propose_batch([(r.proposer, r.tokens, k, r.sampling, r.draws.drafting)
                                                       for r, k in group])
             except Exception as e:  # noqa: BLE001 - see _drop_draft
                 self._drop_draft([r for r, _ in group], e)

@@ -18,7 +18,7 @@ import torch
 from engines.api import SamplingParams
 from engines.decode import sample_token, settle
 from engines.llama import LlamaModel
-from engines.sampling import logits_to_probs
+from engines.sampling import Draws, logits_to_probs
 
 
 @dataclass
@@ -42,7 +42,7 @@ class _Row:
     ids: list[int]
     prompt_len: int
     sampling: SamplingParams
-    generator: torch.Generator
+    draws: Draws
     cache: object
     states: list[torch.Tensor]
 
@@ -65,12 +65,12 @@ def generate(model: LlamaModel, prompts: list[tuple[str, list[int], float]], max
         while todo and len(rows) < batch:
             i = todo.pop()
             _, ids, temp = prompts[i]
-            g = torch.Generator(device=model.device).manual_seed(seed * 1_000_003 + i)
+            g = Draws(seed * 1_000_003 + i)
             sp = SamplingParams(max_tokens=max_new, temperature=temp)
             row = _Row(i, list(ids), len(ids), sp, g, model.new_cache(len(ids) + max_new + 1), [])
             logits, states = _forward(model, [(torch.tensor(ids, device=model.device), row.cache, False)], layers)
             row.states.append(states[0].to(torch.bfloat16))
-            first = sample_token(logits[0], sp, g)
+            first = sample_token(logits[0], sp, g, 0)
             row.ids.append(first)
             if first in eos_ids:
                 finish(row)
@@ -94,7 +94,7 @@ def generate(model: LlamaModel, prompts: list[tuple[str, list[int], float]], max
         for r, lg, st in zip(rows, logits, states):
             r.states.append(st.to(torch.bfloat16))
             produced = len(r.ids) - r.prompt_len
-            emitted, eos = settle([sample_token(lg, r.sampling, r.generator)], produced, r.sampling, eos_ids)
+            emitted, eos = settle([sample_token(lg, r.sampling, r.draws, produced)], produced, r.sampling, eos_ids)
             r.ids.extend(emitted)
             if eos or len(r.ids) - r.prompt_len >= max_new:
                 finish(r)

@@ -31,7 +31,7 @@ from engines.layouts import dense, linear, route_matmul
 from engines.llama import LayerWeights, LlamaModel, LlamaWeights
 from engines.panels import round_to
 from engines.proposers.base import DraftingClock, Proposal, ProposerBase, empty
-from engines.sampling import argmax, logits_to_probs, sample_index
+from engines.sampling import argmax, logits_to_probs, sample_index, uniform
 
 TENSORS = ("norm_levels", "reduce", "norm_e", "norm_f", "fc", "attn_norm", "qkv", "o", "mlp_norm", "gate_up",
            "down")
@@ -144,7 +144,7 @@ class EagleProposer(ProposerBase):
                     j, q = int(argmax(raw)), None
                 else:
                     q = logits_to_probs(logit[i], sp)[0]
-                    j = sample_index(q, gen)
+                    j = sample_index(q, uniform(gen))
                 # confidence from the unshaped distribution (greedy shaping is one-hot: always 1)
                 top = float(raw.float().softmax(-1).max())
                 toks[i].append(j)

@@ -15,7 +15,7 @@ import torch
 from engines.api import SamplingParams
 from engines.llama import LlamaModel
 from engines.proposers.base import DraftingClock, Proposal, ProposerBase
-from engines.sampling import argmax, logits_to_probs, sample_index
+from engines.sampling import argmax, logits_to_probs, sample_index, uniform
 
 
 class ModelDraftProposer(ProposerBase):
@@ -81,7 +81,7 @@ def propose_many(model: LlamaModel, requests: list[tuple[ModelDraftProposer, lis
                 if sampling.temperature == 0:
                     tok = argmax(q)
                 else:
-                    tok = torch.tensor([sample_index(q[0], generator)], device=q.device)
+                    tok = torch.tensor([sample_index(q[0], uniform(generator))], device=q.device)
                 tokens[i].append(tok)
                 probs[i].append(q)
                 if step + 1 < gammas[i] and running[i] >= proposer.min_confidence:

@@ -64,10 +64,26 @@ def test_chat_messages_go_through_a_template(engine):
     assert engine.generate(r).stats.prompt_tokens >= 2
 
 
+@pytest.mark.parametrize("sampling", [dict(temperature=1.0), dict(temperature=0.1), dict(temperature=0.1, top_p=0.9)])
+def test_a_seeded_sampled_request_writes_plains_text_under_prompt_lookup(engine, sampling):
+    """The target's token at each position is drawn with that position's uniform, and a
+    lookup's token is kept exactly when the target's own draw picks it: whatever γ the
+    budget verifies, rejected or kept, the text is plain's."""
+    want = engine.generate(req("plain", max_tokens=40, ignore_eos=True, seed=5, **sampling)).token_ids
+    verified = accepted = 0
+    for arm, fixed in (("ngram:1", False), ("ngram:6", False), ("ngram:6", True)):
+        r = dataclasses.replace(req(arm, max_tokens=40, ignore_eos=True, seed=5, **sampling), fixed_gamma=fixed)
+        got = engine.generate(r)
+        assert got.token_ids == want, (arm, fixed)
+        verified += sum(got.stats.verified_per_round)
+        accepted += sum(got.stats.accepted_per_round)
+    assert verified > 0 and (accepted > 0 or sampling["temperature"] == 1.0)  # drafts were judged, and kept
+
+
 def test_seeded_sampling_is_reproducible(engine):
     """Plain decoding draws one sample per token: a seed reproduces its output. A
-    speculative arm draws as many as the step budget verified, which depends on
-    the load; with the budget off (fixed γ) a seed reproduces it too."""
+    model draft samples as many tokens as the step budget lets it draft, which
+    depends on the load; with the budget off (fixed γ) a seed reproduces it too."""
     a = engine.generate(req("plain", temperature=1.0, seed=11))
     b = engine.generate(req("plain", temperature=1.0, seed=11))
     assert a.token_ids == b.token_ids and a.stats.seed == 11
