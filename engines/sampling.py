@@ -86,7 +86,12 @@ class Draws:
     target's own draw at t picks it (rejection_sampler.py). So a seeded sampled
     request writes the same text under plain decoding and under prompt lookup at
     any γ, and the arm a policy picks for it (which follows the load) changes
-    only its speed. A model draft's acceptance tests draw from their own stream
+    only its speed, as long as the target's logits are the same bits: a step whose
+    token count moves the matmuls to another kernel (a prefill chunk beside the
+    row, many verified drafts) rounds them differently, and a draw that close to
+    the boundary between two tokens picks the other (plain decoding's own text
+    moves the same way between batches: at concurrency 16, one request in 16 to
+    25 diverges somewhere in 96 tokens). A model draft's acceptance tests draw from their own stream
     (`accept(t)`), and its tokens are sampled by `drafting`, a generator seeded
     apart: output stays exactly the target's distribution, but not plain's text.
     (One generator consumed in order made every arm's text its own: at T > 0 two

@@ -10,6 +10,7 @@ fastest per token for it in this run.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Callable
 
 from bench.specbench.workload import ADAPTIVE
 
@@ -115,6 +116,24 @@ def greedy_mismatches(ms: list[dict]) -> list[dict]:
         if len(set(shas.values())) > 1:
             bad.append(dict(concurrency=c, idx=idx, repeat=rep, outputs=shas))
     return bad
+
+
+def sampled_lookup_mismatches(ms: list[dict], lookup: Callable[[str], bool]) -> tuple[int, list[dict]]:
+    """Sampled requests (temperature > 0) whose outputs differ between the
+    measurements served plain or by prompt lookup (`lookup(arm)`), whichever mode
+    asked for them, adaptive included. The built-in engine draws the target's
+    tokens by seed and output position (engines/sampling.py: Draws), so they all
+    write one text; an engine that draws otherwise need not, so this is reported,
+    not failed on. Returns (requests compared, the ones that differ)."""
+    groups: dict[tuple, dict[str, str]] = defaultdict(dict)
+    for m in ms:
+        arm = m.get("arm") or m["mode"]
+        if m["temperature"] > 0 and ok(m) and (arm == "plain" or lookup(arm)):
+            groups[(m["concurrency"], m["idx"], m.get("repeat", 0))][m["mode"]] = m["text_sha"]
+    compared = {k: shas for k, shas in groups.items() if len(shas) > 1}
+    bad = [dict(concurrency=c, idx=idx, repeat=rep, outputs=shas) for (c, idx, rep), shas in sorted(compared.items())
+           if len(set(shas.values())) > 1]
+    return len(compared), bad
 
 
 def acceptance(ms: list[dict]) -> dict[str, dict[str, dict]]:

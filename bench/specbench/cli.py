@@ -38,7 +38,7 @@ from bench.specbench.runner import (
     run_stream,
 )
 from bench.specbench.workload import WorkloadError, build_workload, read_rows
-from engines.arms import Arm
+from engines.arms import Arm, DraftKind
 from engines.errors import InvalidRequest
 from gateway.pb import specgate_pb2_grpc as pb_grpc
 
@@ -212,6 +212,11 @@ def _run(args, requests, modes, address, stack, out_dir: Path, say) -> int:
     return 0
 
 
+def is_lookup(arm: str) -> bool:
+    """Whether an arm's draft is prompt lookup, by the default config's names."""
+    return arm != "plain" and DraftKind.guess(arm.split(":")[0]).kind == "ngram"
+
+
 def repeats_at(args, concurrency: int) -> int:
     """Passes over the workload at a level: --repeats, else 1 at concurrency 1 and 3 above."""
     return args.repeats or (1 if concurrency == 1 else 3)
@@ -258,6 +263,7 @@ def summarize(args, requests, modes, fixed, c1, runs, stream, address, engines: 
         targets=analysis.targets(iv_c1, iv_high, curve, high),
         intervals={"c1": iv_c1, f"c{high}": iv_high},
         greedy_mismatches=analysis.greedy_mismatches(all_ms),
+        sampled_lookup=dict(zip(("compared", "mismatches"), analysis.sampled_lookup_mismatches(all_ms, is_lookup))),
         concurrency_1=c1_table, by_category=analysis.by_category(c1, modes) if c1 else {},
         by_temperature=analysis.by_temperature(c1, modes) if c1 else {},
         concurrency=conc, acceptance=analysis.acceptance(all_ms), learning_curve=curve, raw=raw,

@@ -49,7 +49,14 @@ def markdown(summary: dict) -> str:
         lines.append(f"| {t['target']} | {shown} | {t['verdict']} |")
     mism = summary["greedy_mismatches"]
     lines += ["", f"Temperature-0 outputs identical across modes: "
-              f"{'yes' if not mism else f'**NO** ({len(mism)} requests differ)'}", ""]
+              f"{'yes' if not mism else f'**NO** ({len(mism)} requests differ)'}"]
+    sampled = summary.get("sampled_lookup")
+    if sampled and sampled["compared"]:
+        bad = len(sampled["mismatches"])
+        lines += ["", f"Sampled outputs served plain or by prompt lookup (adaptive included) identical: "
+                  f"{'yes' if not bad else f'**NO** ({bad} requests differ)'}, {sampled['compared']} requests "
+                  "compared"]
+    lines.append("")
     iv = summary.get("intervals") or {}
     if any(iv.values()):
         lines += ["## Ratios with 95% intervals", "", "| level | ratio | point | low | high |", "|---|---|---|---|---|"]

@@ -81,6 +81,17 @@ def test_greedy_mismatch_is_found_only_at_temperature_zero():
     assert [(b["idx"], b["concurrency"]) for b in bad] == [(0, 1)]
 
 
+def test_sampled_outputs_served_plain_or_by_lookup_are_compared_whichever_mode_asked():
+    lookup = lambda arm: arm.startswith("ngram")  # noqa: E731
+    ms = [m(0, "plain", 5, 1, temp=0.7, sha="aa"), m(0, "ngram:4", 5, 1, temp=0.7, sha="aa"),
+          m(0, ADAPTIVE, 5, 1, temp=0.7, sha="aa", arm="ngram:8"), m(0, "eagle:6", 5, 1, temp=0.7, sha="ee"),
+          m(1, "plain", 5, 1, temp=1.0, sha="bb"), m(1, ADAPTIVE, 5, 1, temp=1.0, sha="cc", arm="plain"),
+          m(2, "plain", 5, 1, temp=1.0, sha="dd"), m(2, ADAPTIVE, 5, 1, temp=1.0, sha="ff", arm="eagle:6"),
+          m(3, "plain", 5, 1, sha="gg"), m(3, "ngram:4", 5, 1, sha="hh")]  # greedy: greedy_mismatches' business
+    compared, bad = analysis.sampled_lookup_mismatches(ms, lookup)
+    assert compared == 2 and [b["idx"] for b in bad] == [1]
+
+
 def test_learning_curve_is_relative_to_the_oracle_and_reports_when_it_gets_there():
     oracle, plain = {0: 0.1, 1: 0.1}, {0: 0.2, 1: 0.2}
     stream = [m(k % 2, ADAPTIVE, 10, 2.0 if k < 4 else 1.0, served=k) for k in range(10)]
@@ -185,6 +196,8 @@ def test_a_real_run_through_a_gateway(tmp_path, specbench_rows):
         gw.close()
     summary = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert summary["greedy_mismatches"] == []
+    # at T=1 plain, both lookup arms and adaptive (the menu is plain and lookup) write one text per request
+    assert summary["sampled_lookup"]["mismatches"] == [] and summary["sampled_lookup"]["compared"] > 0
     modes = ["plain", "ngram:2", "ngram:4", ADAPTIVE]
     assert list(summary["raw"]["c1"]) == modes or set(summary["raw"]["c1"]) == set(modes)
     # by default one interleaved pass at concurrency 1 and three rotated passes above it
