@@ -1,8 +1,11 @@
-"""Turning logits into the distribution a request samples from.
+"""Turning logits into the distribution a request samples from, and the draws it
+samples with.
 
 The same shaping (temperature, then top-k, then top-p) is applied to the target's
 and the draft's logits, so that speculative sampling reproduces exactly the
-distribution plain sampling would draw from.
+distribution plain sampling would draw from. A token is drawn by inverting the
+distribution's cumulative sum at a uniform number (`sample_index`); a request's
+uniforms are fixed by its seed and the output position they serve (`Draws`).
 """
 
 from __future__ import annotations
@@ -90,10 +93,11 @@ class Draws:
     token count moves the matmuls to another kernel (a prefill chunk beside the
     row, many verified drafts) rounds them differently, and a draw that close to
     the boundary between two tokens picks the other (plain decoding's own text
-    moves the same way between batches: at concurrency 16, one request in 16 to
-    25 diverges somewhere in 96 tokens). A model draft's acceptance tests draw from their own stream
-    (`accept(t)`), and its tokens are sampled by `drafting`, a generator seeded
-    apart: output stays exactly the target's distribution, but not plain's text.
+    moves the same way between batches: at concurrency 16, a few requests in a
+    hundred diverge somewhere in 96 tokens; bench/sampled_texts.py). A model
+    draft's acceptance tests draw from their own stream (`accept(t)`), and its
+    tokens are sampled by `drafting`, a generator seeded apart: output stays
+    exactly the target's distribution, but not plain's text.
     (One generator consumed in order made every arm's text its own: at T > 0 two
     arms compared on a prompt were two different answers.)"""
 
