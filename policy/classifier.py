@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from policy.words import tokens
 
 # Spec-Bench's 13 labels onto the product's categories.
 SPECBENCH_TO_CATEGORY = {
@@ -25,7 +26,6 @@ SPECBENCH_TO_CATEGORY = {
 CATEGORIES = ("chat", "code", "translation", "summarization", "qa", "math", "rag")
 N_FEATURES = 2**16
 BUNDLED = Path(__file__).resolve().parent / "data" / "category_classifier.json"
-_TOKEN = re.compile(r"\w+|[^\w\s]")
 
 
 def prompt_head(text: str, limit: int = 600) -> str:
@@ -41,11 +41,11 @@ def hashed_features(text: str) -> tuple[np.ndarray, np.ndarray]:
     bigrams, punctuation (code and math are full of it), the first three words
     marked as such (instructions lead), and a length bucket. crc32 keeps the hash
     stable across processes, unlike Python's salted hash()."""
-    toks = _TOKEN.findall(prompt_head(text).lower())
-    feats = toks + list(map(" ".join, zip(toks, toks[1:])))
-    feats += ["^" + t for t in toks[:3]] + [f"#len{min(len(text).bit_length(), 16)}"]
+    toks = tokens(prompt_head(text).lower())  # UTF-8 bytes, what crc32 reads
+    feats = toks + list(map(b" ".join, zip(toks, toks[1:])))
+    feats += [b"^" + t for t in toks[:3]] + [b"#len%d" % min(len(text).bit_length(), 16)]
     # map() over C functions: no Python frame per feature (the decision's hot loop)
-    idx = np.fromiter(map(zlib.crc32, map(str.encode, feats)), dtype=np.int64, count=len(feats)) % N_FEATURES
+    idx = np.fromiter(map(zlib.crc32, feats), dtype=np.int64, count=len(feats)) % N_FEATURES
     idx.sort()  # np.unique by hand, in few array calls: its wrapper (and np.diff's, np.append's) cost more
     edge = np.empty(len(idx) + 1, dtype=bool)  # where a run of equal indices starts, and the end
     edge[0] = edge[-1] = True

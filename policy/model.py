@@ -270,7 +270,7 @@ class DraftStack:
         self.has_q = np.array([m._q is not None for m in ms])  # [D]
         self.q = np.array([m._q if m._q is not None else np.zeros_like(m._w) for m in ms])  # [D, N]
         self.fixed, self.per_k, self.per_k_load = np.array([m.cost_terms() for m in ms]).T  # [D] each
-        self.over = np.array([(m.overhead_steps, m.overhead_per_prompt_token) for m in ms])  # [D, 2]
+        self.over, self.over_per_token = np.array([(m.overhead_steps, m.overhead_per_prompt_token) for m in ms]).T
         self._all_covered = None if self.has_q.any() else np.ones(len(ms))  # no draft has q: read-only
         if self._all_covered is not None:
             self._all_covered.flags.writeable = False
@@ -299,15 +299,40 @@ class DraftStack:
         if k is None:
             k = self._ks[gamma_max] = np.arange(1, gamma_max + 1, dtype=np.float64)[:, None, None]  # [γ_max, 1, 1]
         per_k = self.per_k + self.per_k_load * min(f.load, LOAD_CAP)  # [D]: round_cost's, at this load
-        over = self.over[:, 0] + self.over[:, 1] * f.prompt_tokens  # [D]
-        q = np.minimum(np.maximum(coverage, 0.0), 1.0)  # [D]
+        over = self.over + self.over_per_token * f.prompt_tokens  # [D]
         a = np.minimum(np.maximum(alpha, 0.0), 1.0 - 1e-9)  # [R, D]; ufuncs: np.clip's wrapper costs more
         # tokens per mean round q·τ + 1 − q, τ = (1 − a^(k+1)) / (1 − a) (expected_tokens_per_round),
         # and the speedup L / (L·c / tokens + o) = tokens / (c + o/L · tokens): fewer passes over the table
-        s = q / (1.0 - a)  # [R, D]
-        tokens = (s + (1.0 - q)) - s * a ** (k + 1)  # [γ_max, R, D]
-        cost = self.fixed + per_k * (q * k)  # [γ_max, 1, D]
-        return running_max(tokens / (cost + (over / L) * tokens))
+        tokens = powers(a, gamma_max)  # [γ_max, R, D]: a^(k+1)
+        if coverage is self._all_covered:  # q = 1: the same figures in fewer array calls (a decision's main cost)
+            s = 1.0 / (1.0 - a)  # [R, D]
+            tokens *= -s
+            tokens += s
+            cost = self.fixed + per_k * k  # [γ_max, 1, D]
+        else:
+            q = np.minimum(np.maximum(coverage, 0.0), 1.0)  # [D]
+            s = q / (1.0 - a)
+            tokens *= -s
+            tokens += s + (1.0 - q)
+            cost = self.fixed + per_k * (q * k)
+        out = (over / L) * tokens
+        out += cost
+        np.divide(tokens, out, out=out)
+        return running_max(out)
+
+
+def powers(a: np.ndarray, n: int) -> np.ndarray:
+    """a^2 .. a^(n+1) stacked: [n, *a.shape], by doubling (log2 n whole-block products;
+    `a ** k` broadcast over k calls pow per element, 4x slower on a decision's table)."""
+    out = np.empty((n,) + a.shape)
+    np.multiply(a, a, out=out[0])
+    done = 1
+    while done < n:
+        # out[i] = a^(i+2); the next block multiplies the first ones by a^done
+        step = min(done, n - done)
+        np.multiply(out[:step], a if done == 1 else out[done - 2], out=out[done:done + step])
+        done += step
+    return out
 
 
 def running_max(x: np.ndarray) -> np.ndarray:

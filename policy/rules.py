@@ -83,21 +83,37 @@ class When(_Strict):
         return None if why is None else why()
 
     def holds(self, f: RequestFeatures) -> bool:
-        return next(self._failures(f), None) is None
+        """Whether every condition holds: the decision path, which never describes (a
+        generator of failures per rule took ~2.5 us of it, checked in order here)."""
+        if self.category is not None and f.category not in self.category:
+            return False
+        if self.tenant is not None and f.tenant not in self.tenant:
+            return False
+        for attribute, r in self._bounds:
+            if not r.holds(getattr(f, attribute)):
+                return False
+        return True
+
+    @cached_property
+    def _bounds(self) -> tuple[tuple[str, Range], ...]:
+        """(the RequestFeatures attribute, its Range) for every bound given."""
+        return tuple((attribute, r) for name, attribute in _BOUNDED if (r := getattr(self, name)) is not None)
 
     def _failures(self, f: RequestFeatures):
-        """Each condition that does not hold, as a function that describes it (the
-        decision path only asks whether there is one: describing costs more than checking)."""
+        """Each condition that does not hold, as a function that describes it."""
         if self.category is not None and f.category not in self.category:
             yield lambda: f"category {f.category!r} not in {self.category}"
         if self.tenant is not None and f.tenant not in self.tenant:
             yield lambda: f"tenant {f.tenant!r} not in {self.tenant}"
-        for name, value in (("temperature", f.temperature), ("top_p", f.top_p),
-                            ("expected_length", f.expected_output_tokens),
-                            ("prompt_length", f.prompt_tokens), ("load", f.load)):
+        for name, attribute in _BOUNDED:
             r: Range | None = getattr(self, name)
-            if r is not None and not r.holds(value):
+            if r is not None and not r.holds(value := getattr(f, attribute)):
                 yield lambda name=name, value=value, r=r: f"{name} {value:g} is not {r.describe()}"
+
+
+# When's bounded conditions, in the order they are checked: (field, the RequestFeatures attribute it bounds)
+_BOUNDED = (("temperature", "temperature"), ("top_p", "top_p"), ("expected_length", "expected_output_tokens"),
+            ("prompt_length", "prompt_tokens"), ("load", "load"))
 
 
 class GammaRange(_Strict):

@@ -1,8 +1,9 @@
 """The per-request text signals: what they measure, on texts where the answer is known."""
 
+import random
 import re
 
-from policy.features import _CODE, SAMPLE_CHARS, copy_signal, text_signals
+from policy.features import SAMPLE_CHARS, code_markers, copy_signal, text_signals
 
 
 def test_the_share_of_letters_outside_ascii_counts_letters_only():
@@ -14,11 +15,18 @@ def test_the_share_of_letters_outside_ascii_counts_letters_only():
 
 
 def test_the_code_signal_counts_exactly_the_documented_markers():
-    # the plain alternation the fast pattern must agree with, match for match
+    # the plain alternation the counts must agree with
     reference = re.compile(r"[{};]|==|=>|->|```|\bdef |\bclass |\breturn\b|\bimport |\bfunction\b|\bprint\(")
     for text in ("a==>b === -> ```x`` def f(): return 1; import os; function(){print(x)} classy class returned",
                  "redefine the returnee's print-out; undef x", "if (a => b) { c -> d; }" * 3):
-        assert _CODE.findall(text) == reference.findall(text)
+        assert code_markers(text) == len(reference.findall(text))
+    # random texts of markers, their pieces and the characters around them
+    pieces = ["{", "}", ";", "=", "==", ">", "-", "`", "``", "def ", "class ", "return", "function", "import ",
+              "print(", "print", "de", "f ", "re", "x", "_", "é", "ß", "٣", " ", "\n", "(", "—", "”", "r", "n"]
+    rng = random.Random(0)
+    for _ in range(5000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 30)))
+        assert code_markers(text) == len(reference.findall(text)), text
 
 
 def test_code_and_repetition_are_seen_where_they_are():
