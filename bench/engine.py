@@ -13,9 +13,10 @@ prompt, because these machines are shared and their absolute speed drifts.
 Greedy outputs of every mode are compared with plain's: any difference is
 reported (lossless decoding makes it empty). So are sampled outputs of the
 prompt-lookup modes: with the target's draws fixed by position
-(engines/sampling.py: Draws) they write plain's text too.
+(engines/sampling.py: Draws) they write plain's text too; and under coupled
+sampling (a config with `coupled_sampling: true`) every mode's.
 
-Sampled, a model draft's mode writes its own text, so a few prompts per category compare
+Sampled (without coupled sampling), a model draft's mode writes its own text, so a few prompts per category compare
 texts as much as modes: `--samples N` runs each prompt N times per mode with
 N seeds, and the adaptive mode against the draft's best fixed γ in hindsight
 gets a 95% interval from a bootstrap over prompts (each prompt's every mode and
@@ -169,10 +170,12 @@ def dev_request(row: dict, temperature: float, max_tokens: int, sample: int = 0)
     return dict(request_id=str(row["question_id"]), messages=(ChatMessage("user", row["turns"][0]),), sampling=sp)
 
 
-def one_hot(engine: BuiltinEngine, mode: str) -> bool:
-    """Whether a mode's draft is prompt lookup (a one-hot q: sampled, it writes plain's text)."""
+def plains_text(engine: BuiltinEngine, mode: str) -> bool:
+    """Whether a mode, sampled, writes plain's text: prompt lookup's (a one-hot q), and under
+    coupled sampling every draft's."""
     arm, _ = parse_mode(mode)
-    return arm.draft is not None and engine.arms().kind_of(arm.draft).kind == "ngram"
+    return arm.draft is not None and (engine.config.coupled_sampling
+                                      or engine.arms().kind_of(arm.draft).kind == "ngram")
 
 
 def rotated(modes: list[str], n: int) -> list[str]:
@@ -202,9 +205,9 @@ def run_bench(engine: BuiltinEngine, rows: list[dict], modes: list[str], tempera
                     done += 1
                     log(f"[{done}/{total}] {time.perf_counter() - t_start:6.0f}s T={temp:g} {cat:<14} {mode:<16} "
                         f"{s.tokens_per_s:6.1f} tok/s  acc {s.acceptance_rate:.2f}  mal {s.mean_accepted_length:.2f}")
-                if "plain" in outputs:  # greedy every mode, sampled the one-hot drafts': plain's text
+                if "plain" in outputs:  # greedy every mode, sampled those that write plain's text
                     mismatches += [(qid, f"{m}@T={temp:g}") for m, ids in outputs.items() if ids != outputs["plain"]
-                                   and (temp == 0 or one_hot(engine, m))]
+                                   and (temp == 0 or plains_text(engine, m))]
             if hf and temp == 0:
                 prompt_ids = encode_prompt(engine.tokenizer, GenerationRequest(**req))
                 for pld in (None, *hf_pld):
@@ -315,6 +318,7 @@ def main(args) -> int:
         None if args.no_hf else tuple(args.hf_pld), log, args.samples))
     summary["verify_cost_s"] = cost
     summary["verify8_over_step"] = cost[9] / cost[1]
+    summary["coupled_sampling"] = config.coupled_sampling
     summary["settings"] = dict(max_tokens=args.max_tokens, per_category=args.per_category, samples=args.samples,
                                modes=args.modes,
                                temperatures=args.temperatures, dtype=config.target.dtype, cpu=cpu_model(), gpu=gpu,
@@ -351,7 +355,8 @@ def main(args) -> int:
     all_row = summary["tables"]["0"]["ALL"] if "0" in summary["tables"] else {}
     if "hf" in all_row:
         print(f"plain vs HF generate (all prompts, greedy): {all_row['plain']['tok_s'] / all_row['hf']['tok_s']:.2f}x")
-    print(f"outputs differing from plain (greedy: every mode; sampled: prompt lookup's): "
+    sampled = "every mode's" if summary.get("coupled_sampling") else "prompt lookup's"
+    print(f"outputs differing from plain (greedy: every mode; sampled: {sampled}): "
           f"{len(summary['mismatches'])} {summary['mismatches']}")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

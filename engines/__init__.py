@@ -7,7 +7,7 @@
     loading.py            loading targets and drafts; GGUF conversion and cache
     llama.py              the lean Llama-family forward pass and its KV cache
     sampling.py           request sampling shape (temperature, top-k, top-p), its validation, and
-                          its draws, fixed by seed and output position
+                          its draws, fixed by seed and output position (and coupled picks)
     rejection_sampler.py  lossless speculative sampling, a pure function
     decode.py             the decode rules of one sequence (budget, verify, rollback, settle)
     scheduler.py          continuous batching: one target forward per step over every running row

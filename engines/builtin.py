@@ -177,7 +177,8 @@ class BuiltinEngine:
         self.profile = profile
         self._sched = Scheduler(self.model, self.tokenizer, self.eos_ids, drafts, config.gamma_max,
                                 config.kv_budget_tokens, config.max_batch, config.prefill_chunk, cost,
-                                adaptive=config.adaptive, max_stretch=config.max_step_stretch)
+                                adaptive=config.adaptive, max_stretch=config.max_step_stretch,
+                                coupled=config.coupled_sampling)
         self._publish_load()  # the profile's prices, before the first step
         self._closed = False
         self._worker: threading.Thread | None = None

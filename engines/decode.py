@@ -27,6 +27,8 @@ def sample_token(logits: torch.Tensor, sampling: SamplingParams, draws: Draws, p
     if sampling.temperature == 0:
         return int(argmax(logits[0]))
     probs = logits_to_probs(logits, sampling)
+    if draws.coupled:
+        return draws.pick(probs[0], position)
     return sample_index(probs[0], draws.sample(position))
 
 
@@ -45,7 +47,9 @@ def verify(logits: torch.Tensor, proposal: Proposal, sampling: SamplingParams, d
            position: int) -> tuple[int, list[int]]:
     """logits [k + 1, V] of the verification forward (row i predicts what follows
     input i), the first at output position `position` -> (accepted n, emitted
-    tokens: the n accepted drafts + one more)."""
+    tokens: the n accepted drafts + one more). Sampled: speculative sampling
+    (rejection_sampler.py), or under coupled sampling the target's own picks, a
+    draft kept while it is the pick (the same rule for lookup and model drafts)."""
     drafts = proposal.token_ids  # [k]
     k = drafts.shape[0]
     if sampling.temperature == 0:
@@ -54,7 +58,15 @@ def verify(logits: torch.Tensor, proposal: Proposal, sampling: SamplingParams, d
         mismatch = (best[:k] != drafts).nonzero()
         n = int(mismatch[0]) if mismatch.numel() else k
         return n, drafts[:n].tolist() + [int(best[n])]
-    return rejection_sample(drafts, proposal.probs, logits_to_probs(logits, sampling),
+    probs = logits_to_probs(logits, sampling)  # [k + 1, V]
+    if draws.coupled:
+        # every draft, model or lookup, was a guess of the target's own picks: kept while it is one
+        emitted = []
+        for i in range(k + 1):
+            emitted.append(draws.pick(probs[i], position + i))
+            if i == k or emitted[-1] != int(drafts[i]):
+                return i, emitted
+    return rejection_sample(drafts, proposal.probs, probs,
                             [draws.sample(position + i) for i in range(k + 1)],
                             [draws.accept(position + i) for i in range(k)])
 

@@ -36,7 +36,7 @@ from engines.forwards import forward_rows, rerun_in_halves
 from engines.llama import KVCache, LlamaModel
 from engines.proposers import Proposal
 from engines.running import Plan, Running, calibration_key
-from engines.sampling import Draws
+from engines.sampling import DraftPicks, Draws
 from engines.stepcost import StepCost
 from engines.text import IncrementalText
 
@@ -46,13 +46,14 @@ log = logging.getLogger(__name__)
 class Scheduler:
     def __init__(self, model: LlamaModel, tokenizer, eos_ids: frozenset[int], drafts: dict, gamma_max: int,
                  kv_budget_tokens: int, max_batch: int, prefill_chunk: int, cost: StepCost | None = None,
-                 adaptive: bool = True, max_stretch: float | None = None):
+                 adaptive: bool = True, max_stretch: float | None = None, coupled: bool = False):
         self.model, self.tokenizer, self.eos_ids = model, tokenizer, eos_ids
         self.drafts, self.gamma_max = drafts, gamma_max
         self.kv_budget, self.max_batch, self.prefill_chunk = kv_budget_tokens, max_batch, prefill_chunk
         self.cost = cost or StepCost()
         self.adaptive = adaptive  # False: verify every drafted token (fixed γ, the pre-budget behaviour)
         self.max_stretch = max_stretch  # bound on what others' speculation may cost a request (None: none)
+        self.coupled = coupled  # sampled tokens by coupled picks (EngineConfig.coupled_sampling)
         self.calibration = budget.Calibration()
         self.waiting: deque = deque()  # handles, FIFO
         self.running: list[Running] = []
@@ -99,7 +100,7 @@ class Scheduler:
                 part.calibrate = functools.partial(self.calibration.value, key)
             priced = name if part.drafting_costs else priced
         return Running(handle, sp, req.arm.gamma, req.arm.draft, list(handle.prompt_ids), len(handle.prompt_ids),
-                       cache, proposer, Draws(seed, self.model.device), stats,
+                       cache, proposer, Draws(seed, self.model.device, self.coupled), stats,
                        IncrementalText(self.tokenizer, sp.stop), now, reserved, req.min_confidence, fixed, priced)
 
     # one step
@@ -312,7 +313,7 @@ class Scheduler:
             if key is None:
                 t0 = time.perf_counter()
                 try:
-                    out[id(r)] = r.proposer.propose(r.tokens, k, r.sampling, r.draws.drafting)
+                    out[id(r)] = r.proposer.propose(r.tokens, k, r.sampling, DraftPicks(r.draws, r.produced))
                 except Exception as e:  # noqa: BLE001 - see _drop_draft
                     self._drop_draft([r], e)
                     continue
@@ -325,7 +326,8 @@ class Scheduler:
             proposer = group[0][0].proposer
             t0 = time.perf_counter()
             try:
-                props = type(proposer).propose_batch([(r.proposer, r.tokens, k, r.sampling, r.draws.drafting)
+                props = type(proposer).propose_batch([(r.proposer, r.tokens, k, r.sampling,
+                                                       DraftPicks(r.draws, r.produced))
                                                       for r, k in group])
             except Exception as e:  # noqa: BLE001 - see _drop_draft
                 self._drop_draft([r for r, _ in group], e)

@@ -77,11 +77,12 @@ def tiny_loaded(seed=0, scale=1.0, words=WORDS, dtype=torch.float64, **kw) -> Lo
 
 # ----------------------------------------------------------------------------- engine runs
 def engine_over(target: LlamaModel, words=WORDS, *, max_context: int = 128, gamma_max: int = 8, cost=None,
-                max_step_stretch: float | None = None, **drafts) -> BuiltinEngine:
+                max_step_stretch: float | None = None, coupled_sampling: bool = False, **drafts) -> BuiltinEngine:
     """The built-in engine over a lean target and a tiny tokenizer (EOS id 1), with
     these proposer factories as drafts; its loop is not started (`run_together` serves it)."""
     cfg = EngineConfig(target=TargetConfig(max_context=max_context), drafts=[], gamma_max=gamma_max,
-                       max_queue=4096, max_batch=64, max_step_stretch=max_step_stretch)
+                       max_queue=4096, max_batch=64, max_step_stretch=max_step_stretch,
+                       coupled_sampling=coupled_sampling)
     hf_config = type("C", (), {"eos_token_id": 1})()
     return BuiltinEngine(LoadedModel(target, tiny_tokenizer(words), hf_config, "t"), drafts, cfg,
                          start_worker=False, cost=cost)

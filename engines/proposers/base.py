@@ -18,6 +18,7 @@ from typing import Protocol
 import torch
 
 from engines.api import SamplingParams
+from engines.sampling import DraftPicks
 
 
 @dataclass
@@ -48,7 +49,7 @@ class Proposer(Protocol):
     calibration_prior: tuple[float, float]  # what the scheduler's calibration assumes before evidence
 
     def propose(self, context: list[int], gamma: int, sampling: SamplingParams,
-                generator: torch.Generator) -> Proposal:
+                picks: DraftPicks) -> Proposal:
         """Up to `gamma` tokens to follow `context` (prompt + output so far)."""
         ...
 

@@ -31,7 +31,7 @@ from engines.layouts import dense, linear, route_matmul
 from engines.llama import LayerWeights, LlamaModel, LlamaWeights
 from engines.panels import round_to
 from engines.proposers.base import DraftingClock, Proposal, ProposerBase, empty
-from engines.sampling import argmax, logits_to_probs, sample_index, uniform
+from engines.sampling import DraftPicks, argmax, logits_to_probs
 
 TENSORS = ("norm_levels", "reduce", "norm_e", "norm_f", "fc", "attn_norm", "qkv", "o", "mlp_norm", "gate_up",
            "down")
@@ -98,12 +98,12 @@ class EagleProposer(ProposerBase):
         self.pending.append(states)
 
     def propose(self, context: list[int], gamma: int, sampling: SamplingParams,
-                generator: torch.Generator) -> Proposal:
-        return EagleProposer.propose_batch([(self, context, gamma, sampling, generator)])[0]
+                picks: DraftPicks) -> Proposal:
+        return EagleProposer.propose_batch([(self, context, gamma, sampling, picks)])[0]
 
     @staticmethod
     @torch.inference_mode()
-    def propose_batch(requests: list[tuple[EagleProposer, list[int], int, SamplingParams, torch.Generator]]
+    def propose_batch(requests: list[tuple[EagleProposer, list[int], int, SamplingParams, DraftPicks]]
                       ) -> list[Proposal]:
         """Proposals for requests sharing one draft, drafted in lockstep."""
         clock = DraftingClock()
@@ -138,13 +138,13 @@ class EagleProposer(ProposerBase):
         while active:
             feed = []
             for i in active:
-                p, _, k, sp, gen = requests[i]
+                p, _, k, sp, picks = requests[i]
                 raw = logit[i][0]  # [N] over the draft vocabulary
                 if sp.temperature == 0:
                     j, q = int(argmax(raw)), None
                 else:
                     q = logits_to_probs(logit[i], sp)[0]
-                    j = sample_index(q, uniform(gen))
+                    j = picks.pick(q, len(toks[i]), draft.vocab_ids)
                 # confidence from the unshaped distribution (greedy shaping is one-hot: always 1)
                 top = float(raw.float().softmax(-1).max())
                 toks[i].append(j)

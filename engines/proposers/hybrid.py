@@ -26,6 +26,7 @@ import torch
 from engines.api import SamplingParams
 from engines.proposers.base import Proposal, ProposerBase
 from engines.proposers.ngram import NgramProposer
+from engines.sampling import DraftPicks
 
 
 class HybridProposer(ProposerBase):
@@ -54,16 +55,16 @@ class HybridProposer(ProposerBase):
         self.model.observe_states(states)
 
     def propose(self, context: list[int], gamma: int, sampling: SamplingParams,
-                generator: torch.Generator) -> Proposal:
-        return HybridProposer.propose_batch([(self, context, gamma, sampling, generator)])[0]
+                picks: DraftPicks) -> Proposal:
+        return HybridProposer.propose_batch([(self, context, gamma, sampling, picks)])[0]
 
     @staticmethod
-    def propose_batch(requests: list[tuple[HybridProposer, list[int], int, SamplingParams, torch.Generator]]
+    def propose_batch(requests: list[tuple[HybridProposer, list[int], int, SamplingParams, DraftPicks]]
                       ) -> list[Proposal]:
         out: list[Proposal | None] = [None] * len(requests)
         rest = []
-        for i, (p, ctx, k, sp, gen) in enumerate(requests):
-            found = p.lookup.propose(ctx, k, sp, gen)
+        for i, (p, ctx, k, sp, picks) in enumerate(requests):
+            found = p.lookup.propose(ctx, k, sp, picks)
             if found.token_ids.numel():
                 out[i] = dataclasses.replace(found, source=p.names[0])
             elif p.model_on:

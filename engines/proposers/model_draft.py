@@ -15,7 +15,7 @@ import torch
 from engines.api import SamplingParams
 from engines.llama import LlamaModel
 from engines.proposers.base import DraftingClock, Proposal, ProposerBase
-from engines.sampling import argmax, logits_to_probs, sample_index, uniform
+from engines.sampling import DraftPicks, argmax, logits_to_probs
 
 
 class ModelDraftProposer(ProposerBase):
@@ -42,8 +42,8 @@ class ModelDraftProposer(ProposerBase):
         return self.cache.capacity - len(context)
 
     def propose(self, context: list[int], gamma: int, sampling: SamplingParams,
-                generator: torch.Generator) -> Proposal:
-        return propose_many(self.model, [(self, context, gamma, sampling, generator)])[0]
+                picks: DraftPicks) -> Proposal:
+        return propose_many(self.model, [(self, context, gamma, sampling, picks)])[0]
 
     @staticmethod
     def propose_batch(requests) -> list[Proposal]:
@@ -52,7 +52,7 @@ class ModelDraftProposer(ProposerBase):
 
 
 def propose_many(model: LlamaModel, requests: list[tuple[ModelDraftProposer, list[int], int, SamplingParams,
-                                                         torch.Generator]]) -> list[Proposal]:
+                                                         DraftPicks]]) -> list[Proposal]:
     """Proposals for several requests whose proposers share `model`, drafted in
     lockstep: one batched forward per draft position."""
     empty = Proposal(torch.empty(0, dtype=torch.long, device=model.device), None)
@@ -72,7 +72,7 @@ def propose_many(model: LlamaModel, requests: list[tuple[ModelDraftProposer, lis
         for step in range(max(gammas[i] for i in live)):
             feed = []
             for i in active:
-                proposer, _, _, sampling, generator = requests[i]
+                proposer, _, _, sampling, picks = requests[i]
                 q = logits_to_probs(logits[i], sampling)  # [1, V]
                 # confidence from the unshaped distribution (greedy shaping is one-hot: always 1)
                 top = float(logits[i][0].float().softmax(-1).max())
@@ -81,7 +81,7 @@ def propose_many(model: LlamaModel, requests: list[tuple[ModelDraftProposer, lis
                 if sampling.temperature == 0:
                     tok = argmax(q)
                 else:
-                    tok = torch.tensor([sample_index(q[0], uniform(generator))], device=q.device)
+                    tok = torch.tensor([picks.pick(q[0], step)], device=q.device)
                 tokens[i].append(tok)
                 probs[i].append(q)
                 if step + 1 < gammas[i] and running[i] >= proposer.min_confidence:

@@ -18,6 +18,7 @@ import torch
 
 from engines.api import SamplingParams
 from engines.proposers.base import Proposal, ProposerBase
+from engines.sampling import DraftPicks
 
 
 class NgramProposer(ProposerBase):
@@ -32,7 +33,7 @@ class NgramProposer(ProposerBase):
         self.index = NgramIndex(max_n)
 
     def propose(self, context: list[int], gamma: int, sampling: SamplingParams,
-                generator: torch.Generator) -> Proposal:
+                picks: DraftPicks) -> Proposal:
         tokens, n = self.index.continuation(context, gamma, self.min_n)
         return Proposal(torch.tensor(tokens, dtype=torch.long, device=self.device), None,
                         torch.tensor([match_score(n, j) for j in range(len(tokens))]))
