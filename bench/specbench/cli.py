@@ -212,6 +212,16 @@ def _run(args, requests, modes, address, stack, out_dir: Path, say) -> int:
     return 0
 
 
+def coupled(args) -> bool:
+    """Whether the bench's own gateway samples coupled (--engine-config with coupled_sampling):
+    then every draft, not only prompt lookup, writes plain's sampled text."""
+    if args.address or not args.engine_config:
+        return False
+    import yaml
+
+    return bool((yaml.safe_load(Path(args.engine_config).read_text()) or {}).get("coupled_sampling"))
+
+
 def is_lookup(arm: str) -> bool:
     """Whether an arm's draft is prompt lookup, by the default config's names."""
     return arm != "plain" and DraftKind.guess(arm.split(":")[0]).kind == "ngram"
@@ -263,7 +273,9 @@ def summarize(args, requests, modes, fixed, c1, runs, stream, address, engines: 
         targets=analysis.targets(iv_c1, iv_high, curve, high),
         intervals={"c1": iv_c1, f"c{high}": iv_high},
         greedy_mismatches=analysis.greedy_mismatches(all_ms),
-        sampled_lookup=dict(zip(("compared", "mismatches"), analysis.sampled_lookup_mismatches(all_ms, is_lookup))),
+        sampled_lookup=dict(zip(("compared", "mismatches"), analysis.sampled_lookup_mismatches(
+            all_ms, (lambda arm: True) if coupled(args) else is_lookup)),
+            drafts="every draft" if coupled(args) else "prompt lookup"),
         concurrency_1=c1_table, by_category=analysis.by_category(c1, modes) if c1 else {},
         by_temperature=analysis.by_temperature(c1, modes) if c1 else {},
         concurrency=conc, acceptance=analysis.acceptance(all_ms), learning_curve=curve, raw=raw,

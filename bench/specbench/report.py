@@ -53,7 +53,8 @@ def markdown(summary: dict) -> str:
     sampled = summary.get("sampled_lookup")
     if sampled and sampled["compared"]:
         bad = len(sampled["mismatches"])
-        lines += ["", f"Sampled outputs served plain or by prompt lookup (adaptive included) identical: "
+        lines += ["", f"Sampled outputs served plain or by {sampled.get('drafts', 'prompt lookup')} (adaptive "
+                  "included) identical: "
                   f"{'yes' if not bad else f'**NO** ({bad} requests differ)'}, {sampled['compared']} requests "
                   "compared"]
     lines.append("")

@@ -92,6 +92,16 @@ def test_sampled_outputs_served_plain_or_by_lookup_are_compared_whichever_mode_a
     assert compared == 2 and [b["idx"] for b in bad] == [1]
 
 
+def test_under_coupled_sampling_every_drafts_sampled_text_is_checked(tmp_path):
+    config = tmp_path / "engine.yaml"
+    config.write_text("coupled_sampling: true\n")
+    args = argparse.Namespace(address=None, engine_config=str(config))
+    assert cli.coupled(args) and not cli.coupled(argparse.Namespace(address=None, engine_config=None))
+    assert not cli.coupled(argparse.Namespace(address="h:1", engine_config=str(config)))  # not our gateway
+    config.write_text("gamma_max: 6\n")
+    assert not cli.coupled(args)
+
+
 def test_learning_curve_is_relative_to_the_oracle_and_reports_when_it_gets_there():
     oracle, plain = {0: 0.1, 1: 0.1}, {0: 0.2, 1: 0.2}
     stream = [m(k % 2, ADAPTIVE, 10, 2.0 if k < 4 else 1.0, served=k) for k in range(10)]
