@@ -89,15 +89,15 @@ class When(_Strict):
             return False
         if self.tenant is not None and f.tenant not in self.tenant:
             return False
-        for attribute, r in self._bounds:
+        for _, attribute, r in self._bounds:
             if not r.holds(getattr(f, attribute)):
                 return False
         return True
 
     @cached_property
-    def _bounds(self) -> tuple[tuple[str, Range], ...]:
-        """(the RequestFeatures attribute, its Range) for every bound given."""
-        return tuple((attribute, r) for name, attribute in _BOUNDED if (r := getattr(self, name)) is not None)
+    def _bounds(self) -> tuple[tuple[str, str, Range], ...]:
+        """(field, the RequestFeatures attribute it bounds, its Range) for every bound given."""
+        return tuple((name, attribute, r) for name, attribute in _BOUNDED if (r := getattr(self, name)) is not None)
 
     def _failures(self, f: RequestFeatures):
         """Each condition that does not hold, as a function that describes it."""
@@ -105,9 +105,8 @@ class When(_Strict):
             yield lambda: f"category {f.category!r} not in {self.category}"
         if self.tenant is not None and f.tenant not in self.tenant:
             yield lambda: f"tenant {f.tenant!r} not in {self.tenant}"
-        for name, attribute in _BOUNDED:
-            r: Range | None = getattr(self, name)
-            if r is not None and not r.holds(value := getattr(f, attribute)):
+        for name, attribute, r in self._bounds:
+            if not r.holds(value := getattr(f, attribute)):
                 yield lambda name=name, value=value, r=r: f"{name} {value:g} is not {r.describe()}"
 
 
