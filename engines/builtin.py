@@ -33,8 +33,10 @@ from engines.attention import attention_kernel
 from engines.config import EngineConfig
 from engines.drafts import ProposerFactory, build_drafts, may_pack
 from engines.errors import EngineError, InvalidRequest, Overloaded
+from engines.fused import fused_ops
 from engines.greedy_head import CALIBRATION_TEXT, choose_greedy_head
 from engines.layouts import drop_dense_copies
+from engines.llama import LlamaModel
 from engines.loading import LoadedModel, default_cache_dir, default_target_path, load_model
 from engines.profile import Profile, fit_cost
 from engines.profile_cache import cpu_profile
@@ -164,9 +166,11 @@ class BuiltinHandle:
 
 class BuiltinEngine:
     def __init__(self, target: LoadedModel, drafts: dict[str, ProposerFactory], config: EngineConfig,
-                 start_worker: bool = True, cost: StepCost | None = None, profile: Profile | None = None):
+                 start_worker: bool = True, cost: StepCost | None = None, profile: Profile | None = None,
+                 decoders: tuple[LlamaModel, ...] = ()):
         self.target = target
         self.model = target.model
+        self.decoders = decoders or (target.model,)  # every decoder it runs, the drafts' too
         self.tokenizer = target.tokenizer
         self.config = config
         self.drafts = drafts  # name -> proposer factory
@@ -203,8 +207,9 @@ class BuiltinEngine:
         drafts = build_drafts(config, target, cache_dir)
         if t.device == "cpu":
             attend_by = attention_kernel() if t.attention_kernel and t.dtype == "float32" else None
+            fused = fused_ops() if t.fused_ops and t.dtype == "float32" else None
             for m in (target.model, *drafts.models):  # before the profile: it prices forwards so run
-                m.attention_kernel = attend_by
+                m.attention_kernel, m.fused = attend_by, fused
             weights = [target.model.weights] + drafts.weights
             prof = cpu_profile(target.model, weights, t.pack_weights if may_pack(t) else False, t.threads,
                                t.bf16_matmuls, cache_dir if t.profile_cache else None, routes=t.matmul_routes)
@@ -219,7 +224,8 @@ class BuiltinEngine:
                 torch.set_num_threads(t.threads)
             prof = Profile(torch.get_num_threads(), "dense", cost=fit_cost(target.model))
         log.info("start-up profile: %s", prof.describe())
-        engine = cls(target, drafts.factories, config, start_worker=False, cost=prof.cost, profile=prof)
+        engine = cls(target, drafts.factories, config, start_worker=False, cost=prof.cost, profile=prof,
+                     decoders=(target.model, *drafts.models))
         engine.warm_up()
         if start_worker:
             engine.start()

@@ -51,6 +51,12 @@ class TargetConfig(_Strict):
     torch ops a row and a layer, whose dispatch was most of a decode row's attention. Each token's
     attention is the same bits whatever else the step holds. Where it does not build or disagrees with
     torch at start-up, torch attends (logged). False: torch always."""
+    fused_ops: bool = True
+    """On CPU in float32, run each layer's small ops (the RMS norms with their residual adds, RoPE,
+    SiLU(gate)·up) as one call each to a kernel built with the panels' (engines/fused.py), instead of
+    some thirty torch ops a layer whose dispatch outweighed their arithmetic for a few rows. Each row's
+    result is the same bits whatever else the step holds. Where it does not build or disagrees with torch
+    at start-up, torch runs them (logged). False: torch always."""
     profile_cache: bool = True
     """On CPU, keep the start-up profile (the layout and threads chosen, the forwards' prices) in
     cache_dir under a key of this machine (CPU model, family, stepping and flags; usable cores; torch's

@@ -117,7 +117,6 @@ def calibrate(model, text_ids: list[int]) -> tuple[GreedyHead, torch.Tensor]:
     """A GreedyHead for `model`'s head, its outlier channels from a forward over
     `text_ids` then random tokens (the channels are the model's, whatever the
     text), and the text's normed final states [T, E]."""
-    import torch.nn.functional as F
 
     from engines.layouts import dense
 
@@ -127,7 +126,7 @@ def calibrate(model, text_ids: list[int]) -> tuple[GreedyHead, torch.Tensor]:
                      torch.randint(0, cfg.vocab_size, (CALIBRATION_TOKENS,), generator=g)]).to(model.device)
     cache = model.new_cache(len(ids))
     _, states = model.forward_many([(ids, cache, False)], hidden=True)
-    normed = F.rms_norm(states[0], (cfg.hidden_size,), model.weights.norm, cfg.rms_norm_eps)  # [T, E]
+    normed = model.final_norm(states[0])  # [T, E]
     w, embed = dense(model.weights.lm_head), model.weights.embed
     if w is not embed and w.shape == embed.shape and torch.equal(w, embed):
         w = embed  # a head tied to the embedding laid out for oneDNN: the embedding, not a copy of it

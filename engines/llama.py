@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from engines.attention import RaggedAttention, attend, by_kv_head, by_token, fits
+from engines.fused import FusedOps, TorchOps
+from engines.fused import fits as fused_fits
 from engines.layouts import linear
 from engines.panels import Kernel
 
@@ -199,6 +201,8 @@ class LlamaModel:
         self.greedy_head: Callable[[torch.Tensor], torch.Tensor] | None = None
         # the step's rows attended in one call a layer (engines/attention.py), where it built
         self.attention_kernel: Kernel | None = None
+        # each layer's norms, RoPE and SiLU one kernel call each (engines/fused.py), where it built
+        self.fused: FusedOps | None = None
 
     def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
         return KVCache(len(self.layer_ids), batch, self.cfg.num_kv_heads, capacity,
@@ -329,10 +333,18 @@ class LlamaModel:
             return logits
         return logits, list(captured.split([t for t, *_ in spans]))
 
+    def _ops(self, x: torch.Tensor) -> FusedOps | type[TorchOps]:
+        """The layers' small ops for states like x: the kernel's where it takes them."""
+        return self.fused if fused_fits(self.fused, x) else TorchOps
+
+    def final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """Final states [N, E] -> normed as the head reads them."""
+        return self._ops(x).rms_norm(x, self.weights.norm, self.cfg.rms_norm_eps)
+
     def _logits(self, x: torch.Tensor, greedy: list[bool] | None = None) -> torch.Tensor:
         """Final states [N, E] -> float32 logits [N, V]: the last norm, then the head
         (greedy rows' through greedy_head where there is one)."""
-        x = F.rms_norm(x, (self.cfg.hidden_size,), self.weights.norm, self.cfg.rms_norm_eps)
+        x = self.final_norm(x)
         if self.greedy_head is None or not greedy or not any(greedy):
             return linear(x, self.weights.lm_head).float()
         if all(greedy):
@@ -352,22 +364,21 @@ class LlamaModel:
         (forward_many's docstring), else None."""
         cfg = self.cfg
         H, Hk, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        N = x.shape[0]
         eps = cfg.rms_norm_eps
         last = len(self.layer_ids) - 1
         capture = () if hidden is True or hidden is False else tuple(last if i == -1 else i for i in hidden)
         captured: dict[int, torch.Tensor] = {}
-        for slot, layer_id in enumerate(self.layer_ids):
-            lw = self.weights.layers[layer_id]
-            h = F.rms_norm(x, (cfg.hidden_size,), lw.attn_norm, eps)
-            qkv = linear(h, lw.qkv, lw.qkv_bias)  # [N, (H + 2 Hk) D]
-            q, k, v = qkv.split([H * D, Hk * D, Hk * D], dim=-1)
-            q = _apply_rope(q.view(N, H, D), cos, sin)  # [N, H, D]
-            k = _apply_rope(k.view(N, Hk, D), cos, sin)  # [N, Hk, D]
-            x = x + linear(attention(slot, q, k, v.view(N, Hk, D)), lw.o)
-            h = F.rms_norm(x, (cfg.hidden_size,), lw.mlp_norm, eps)
-            gate, up = linear(h, lw.gate_up).chunk(2, dim=-1)  # [N, I] each
-            x = x + linear(F.silu(gate) * up, lw.down)
+        ops = self._ops(x)
+        layers = [self.weights.layers[i] for i in self.layer_ids]
+        h = ops.rms_norm(x, layers[0].attn_norm, eps)
+        for slot, lw in enumerate(layers):
+            q, k, v = ops.rope_qkv(linear(h, lw.qkv, lw.qkv_bias), cos, sin, H, Hk, D)  # [N, H|Hk|Hk, D]
+            x, h = ops.add_rms_norm(x, linear(attention(slot, q, k, v), lw.o), lw.mlp_norm, eps)
+            y = linear(ops.silu_mul(linear(h, lw.gate_up)), lw.down)  # [N, E]
+            if slot < last:  # the residual add and the next layer's norm in one
+                x, h = ops.add_rms_norm(x, y, layers[slot + 1].attn_norm, eps)
+            else:
+                x = x + y
             if slot in capture:
                 captured[slot] = x
         if hidden is False:
@@ -407,10 +418,3 @@ class LlamaModel:
         logits = self._logits(x)  # [B, V]
         return logits if hidden is False else (logits, states)
 
-
-def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE (Hugging Face's convention). x: [T, heads, D]; cos/sin: [T, D]."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    rotated = torch.cat([-x2, x1], dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]

@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().parent / "kernels" / "panels.c"
 ATTENTION_SOURCE = SOURCE.with_name("attention.c")  # built into the same library: engines/attention.py
+FUSED_SOURCE = SOURCE.with_name("fused.c")  # and engines/fused.py
+SOURCES = (SOURCE, ATTENTION_SOURCE, FUSED_SOURCE, SOURCE.with_name("vec.h"))  # what the library is built from
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 TEST_FLAGS = ("-O3", "-march=native", "-fopenmp", "-DPANELS_SELFTEST")
 _F, _L = ctypes.c_void_p, ctypes.c_long
@@ -236,7 +238,7 @@ def kernel() -> Kernel | None:
 
 
 def build(source: Path) -> Kernel:
-    """Compile `source` (with the attention kernel beside it) for this machine, run it
+    """Compile `source` (with the attention kernel and the fused ops beside it) for this machine, run it
     first as a program of its own (an instruction this CPU cannot run kills that, not
     us), then load it. Raises LookupError without a C compiler, OSError or
     SubprocessError where a step fails; `check` is the caller's."""
@@ -245,7 +247,7 @@ def build(source: Path) -> Kernel:
         raise LookupError("no C compiler found")
     with tempfile.TemporaryDirectory(prefix="specgate-panels-") as d:  # private (0700): nobody swaps the library
         lib_path, test_path = Path(d) / "panels.so", Path(d) / "selftest"
-        sources = (str(source), str(ATTENTION_SOURCE))
+        sources = (str(source), str(ATTENTION_SOURCE), str(FUSED_SOURCE))
         subprocess.run([cc, *TEST_FLAGS, "-o", str(test_path), *sources, "-lm"], check=True,
                        capture_output=True, timeout=120)
         subprocess.run([str(test_path)], check=True, capture_output=True, timeout=60)

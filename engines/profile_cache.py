@@ -33,7 +33,7 @@ import torch
 
 from engines.layouts import LAYOUTS, pack_rows, packs_agree, route_columns
 from engines.llama import LlamaModel, LlamaWeights
-from engines.panels import ATTENTION_SOURCE, SOURCE, kernel
+from engines.panels import SOURCES, kernel
 from engines.profile import Profile, choose_layout, combination, layouts_to_try, probe_s
 
 log = logging.getLogger(__name__)
@@ -69,8 +69,9 @@ def profile_key(model: LlamaModel, weights: list[LlamaWeights], pack: bool | str
         "dtype": str(model.dtype), "weights": [[len(w.layers), list(w.embed.shape)] for w in weights],
         "pack": pack, "threads": threads, "bf16": bf16, "routes": routes,
         # the routes' own kernel: a profile timed with another source of it ranks kernels that no longer run
-        "kernel": hashlib.sha256(SOURCE.read_bytes() + ATTENTION_SOURCE.read_bytes()).hexdigest()[:16],
+        "kernel": hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES)).hexdigest()[:16],
         "attention_kernel": model.attention_kernel is not None,  # its forwards' prices differ
+        "fused_ops": model.fused is not None,  # likewise
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20], parts
 

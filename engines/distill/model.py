@@ -27,8 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engines.fused import apply_rope
 from engines.layouts import dense
-from engines.llama import LlamaWeights, _apply_rope
+from engines.llama import LlamaWeights
 
 
 class EagleHead(nn.Module):
@@ -92,8 +93,8 @@ class EagleHead(nn.Module):
         H, Hk, D = self.H, self.Hk, self.D
         h = F.rms_norm(x, (self.E,), self.attn_norm, self.eps)
         q, k, v = (h @ self.qkv.T).split([H * D, Hk * D, Hk * D], dim=-1)
-        q = _apply_rope(q.reshape(B * n, H, D), cos.repeat(B, 1), sin.repeat(B, 1)).view(B, n, H, D)
-        k = _apply_rope(k.reshape(B * n, Hk, D), cos.repeat(B, 1), sin.repeat(B, 1)).view(B, n, Hk, D)
+        q = apply_rope(q.reshape(B * n, H, D), cos.repeat(B, 1), sin.repeat(B, 1)).view(B, n, H, D)
+        k = apply_rope(k.reshape(B * n, Hk, D), cos.repeat(B, 1), sin.repeat(B, 1)).view(B, n, Hk, D)
         return q.transpose(1, 2), k.transpose(1, 2), v.view(B, n, Hk, D).transpose(1, 2)
 
     def finish(self, x: torch.Tensor, q, keys, values, mask) -> torch.Tensor:

@@ -341,6 +341,7 @@ int qpanels_mm(int fmt, const unsigned char *p, const float *x, float *y, long O
 #include <stdlib.h>
 
 int attention_selftest(void);
+int fused_selftest(void);
 
 int main(void) {
     long O = 37, K = 3 * VW, blocks = (O + R - 1) / R;
@@ -391,6 +392,10 @@ int main(void) {
     }
     if (attention_selftest()) { /* attention.c, built into the same library */
         fprintf(stderr, "attention differs from double sums\n");
+        return 1;
+    }
+    if (fused_selftest()) { /* fused.c, likewise */
+        fprintf(stderr, "the fused ops differ from double sums\n");
         return 1;
     }
     return 0;

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from engines.api import SamplingParams
+from engines.fused import TorchOps
+from engines.fused import fits as fused_fits
 from engines.layouts import dense, linear, route_matmul
 from engines.llama import LayerWeights, LlamaModel, LlamaWeights
 from engines.panels import round_to
@@ -76,8 +78,9 @@ class EagleDraft:
     def inputs(self, tokens: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         """tokens [T] (the token after each position), g [T, E] (reduced target
         states, or the draft's own outputs) -> layer inputs [T, E]."""
-        e = F.rms_norm(F.embedding(tokens, self.embed), (self.E,), self.norm_e, self.eps)
-        f = F.rms_norm(g.to(self.embed.dtype), (self.E,), self.norm_f, self.eps)
+        ops = self.model.fused if fused_fits(self.model.fused, g) else TorchOps
+        e = ops.rms_norm(F.embedding(tokens, self.embed), self.norm_e, self.eps)
+        f = ops.rms_norm(g.to(self.embed.dtype), self.norm_f, self.eps)
         return linear(torch.cat([e, f], dim=-1), self.fc)
 
 
