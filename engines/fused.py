@@ -68,7 +68,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class FusedOps:
-    """The same ops, one call each to the kernel (float32 on CPU)."""
+    """The same ops, one call each to the kernel (float32 on CPU), rows from 16 up shared
+    by as many threads as torch runs (the start-up profile chooses them)."""
 
     def __init__(self, k: Kernel):
         lib = self.lib = k.lib
@@ -78,13 +79,13 @@ class FusedOps:
         lib.fused_silu_mul.argtypes = [_F, _F, _L, _L, _I]
         for f in (lib.fused_rms_norm, lib.fused_add_rms_norm, lib.fused_rope, lib.fused_silu_mul):
             f.restype = None
-        self.threads = torch.get_num_threads()
 
     def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
         x = _rows(x)
         N, E = x.shape
         h = torch.empty(N, E)
-        self.lib.fused_rms_norm(x.data_ptr(), x.stride(0), w.data_ptr(), h.data_ptr(), N, E, eps, self.threads)
+        self.lib.fused_rms_norm(x.data_ptr(), x.stride(0), w.data_ptr(), h.data_ptr(), N, E, eps,
+                                torch.get_num_threads())
         return h
 
     def add_rms_norm(self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, eps: float
@@ -93,7 +94,7 @@ class FusedOps:
         N, E = x.shape
         s, h = torch.empty(N, E), torch.empty(N, E)
         self.lib.fused_add_rms_norm(x.data_ptr(), y.data_ptr(), y.stride(0), w.data_ptr(), s.data_ptr(),
-                                    h.data_ptr(), N, E, eps, self.threads)
+                                    h.data_ptr(), N, E, eps, torch.get_num_threads())
         return s, h
 
     def rope_qkv(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, kv_heads: int,
@@ -104,7 +105,7 @@ class FusedOps:
         N, H, Hk, D = qkv.shape[0], heads, kv_heads, head_dim
         cos, sin = cos.contiguous(), sin.contiguous()
         self.lib.fused_rope(qkv.data_ptr(), qkv.stride(0), H + Hk, cos.data_ptr(), sin.data_ptr(), N, D,
-                            self.threads)
+                            torch.get_num_threads())
         q, k, v = qkv.split([H * D, Hk * D, Hk * D], dim=-1)
         return q.view(N, H, D), k.view(N, Hk, D), v.view(N, Hk, D)
 
@@ -112,7 +113,7 @@ class FusedOps:
         gu = gu.contiguous()
         N, I2 = gu.shape
         out = torch.empty(N, I2 // 2)
-        self.lib.fused_silu_mul(gu.data_ptr(), out.data_ptr(), N, I2 // 2, self.threads)
+        self.lib.fused_silu_mul(gu.data_ptr(), out.data_ptr(), N, I2 // 2, torch.get_num_threads())
         return out
 
 

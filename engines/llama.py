@@ -333,13 +333,13 @@ class LlamaModel:
             return logits
         return logits, list(captured.split([t for t, *_ in spans]))
 
-    def _ops(self, x: torch.Tensor) -> FusedOps | type[TorchOps]:
+    def ops_for(self, x: torch.Tensor) -> FusedOps | type[TorchOps]:
         """The layers' small ops for states like x: the kernel's where it takes them."""
         return self.fused if fused_fits(self.fused, x) else TorchOps
 
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:
         """Final states [N, E] -> normed as the head reads them."""
-        return self._ops(x).rms_norm(x, self.weights.norm, self.cfg.rms_norm_eps)
+        return self.ops_for(x).rms_norm(x, self.weights.norm, self.cfg.rms_norm_eps)
 
     def _logits(self, x: torch.Tensor, greedy: list[bool] | None = None) -> torch.Tensor:
         """Final states [N, E] -> float32 logits [N, V]: the last norm, then the head
@@ -368,7 +368,7 @@ class LlamaModel:
         last = len(self.layer_ids) - 1
         capture = () if hidden is True or hidden is False else tuple(last if i == -1 else i for i in hidden)
         captured: dict[int, torch.Tensor] = {}
-        ops = self._ops(x)
+        ops = self.ops_for(x)
         layers = [self.weights.layers[i] for i in self.layer_ids]
         h = ops.rms_norm(x, layers[0].attn_norm, eps)
         for slot, lw in enumerate(layers):

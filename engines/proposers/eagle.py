@@ -27,8 +27,6 @@ import torch
 import torch.nn.functional as F
 
 from engines.api import SamplingParams
-from engines.fused import TorchOps
-from engines.fused import fits as fused_fits
 from engines.layouts import dense, linear, route_matmul
 from engines.llama import LayerWeights, LlamaModel, LlamaWeights
 from engines.panels import round_to
@@ -78,7 +76,7 @@ class EagleDraft:
     def inputs(self, tokens: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         """tokens [T] (the token after each position), g [T, E] (reduced target
         states, or the draft's own outputs) -> layer inputs [T, E]."""
-        ops = self.model.fused if fused_fits(self.model.fused, g) else TorchOps
+        ops = self.model.ops_for(g)
         e = ops.rms_norm(F.embedding(tokens, self.embed), self.norm_e, self.eps)
         f = ops.rms_norm(g.to(self.embed.dtype), self.norm_f, self.eps)
         return linear(torch.cat([e, f], dim=-1), self.fc)
