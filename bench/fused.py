@@ -101,8 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--config", help="engine config YAML (default: built-in SmolLM2 config)")
     a = ap.parse_args(argv)
-    for m in a.modes:
-        parse_mode(m)
+    try:
+        for m in a.modes:
+            parse_mode(m)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     engine = BuiltinEngine.from_config(load_engine_config(a.config), start_worker=False)
     ops = engine.model.fused
     if ops is None:
