@@ -62,6 +62,16 @@ def parse_mode(mode: str) -> tuple[Arm, bool]:
     return Arm.parse(arm), fixed == "fixed"
 
 
+def modes_error(modes: list[str]) -> str | None:
+    """What is wrong with the first mode parse_mode refuses (None: they all parse)."""
+    try:
+        for m in modes:
+            parse_mode(m)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 @dataclass
 class Cell:
     """Totals for one (temperature, category, mode)."""

@@ -45,13 +45,14 @@ def forwards(engine, ops, context: int, rounds: int) -> list[tuple[str, float, f
 
 def requests(engine, ops, rows: list[dict], modes: list[str], temperature: float, max_tokens: int, repeats: int,
              log) -> dict:
-    """{(mode, on): [tokens, seconds] per prompt, summed over repeats}."""
+    """{(mode, on): tokens and seconds per prompt, summed over repeats} (as bench/rounds.py's cells)."""
     import numpy as np
 
     from bench.engine import dev_request, parse_mode, rotated
     from engines.api import GenerationRequest
 
-    out = {(m, on): np.zeros((2, len(rows))) for m in modes for on in (False, True)}
+    out = {(m, on): dict(tokens=np.zeros(len(rows)), seconds=np.zeros(len(rows)))
+           for m in modes for on in (False, True)}
     n = 0
     for rep in range(repeats):
         for i, row in enumerate(rows):
@@ -61,7 +62,8 @@ def requests(engine, ops, rows: list[dict], modes: list[str], temperature: float
                     switch(engine, on, ops)
                     arm, fixed = parse_mode(mode)
                     s = engine.generate(GenerationRequest(arm=arm, fixed_gamma=fixed, **req)).stats
-                    out[mode, on][:, i] += (s.output_tokens, s.total_s)
+                    out[mode, on]["tokens"][i] += s.output_tokens
+                    out[mode, on]["seconds"][i] += s.total_s
                     log(f"[{rep + 1}/{repeats}] {row['category']:<14} {mode:<14} {'fused' if on else 'torch'} "
                         f"{s.tokens_per_s:6.1f} tok/s")
             n += 1
@@ -69,23 +71,10 @@ def requests(engine, ops, rows: list[dict], modes: list[str], temperature: float
     return out
 
 
-def over(a, b, draws: int = 2000) -> list[float]:
-    """[ratio, low, high]: a's summed tokens/s over b's, 95% bootstrap over prompts."""
-    import numpy as np
-
-    from bench.specbench.intervals import percentile_interval
-
-    def ratio(idx):
-        return (a[0, idx].sum() / a[1, idx].sum()) / (b[0, idx].sum() / b[1, idx].sum())
-
-    k = a.shape[1]
-    idx = np.random.default_rng(0).integers(0, k, (draws, k))
-    return percentile_interval(float(ratio(np.arange(k))), [float(ratio(d)) for d in idx])
-
-
 def main(argv: list[str] | None = None) -> int:
     from bench import cpu_model
-    from bench.engine import parse_mode
+    from bench.engine import modes_error
+    from bench.rounds import over
     from bench.routes import dev_prompts
     from engines.builtin import BuiltinEngine, drive_from_side_thread
     from engines.config import load_engine_config
@@ -101,11 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--config", help="engine config YAML (default: built-in SmolLM2 config)")
     a = ap.parse_args(argv)
-    try:
-        for m in a.modes:
-            parse_mode(m)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+    problem = modes_error(a.modes)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     engine = BuiltinEngine.from_config(load_engine_config(a.config), start_worker=False)
     ops = engine.model.fused
@@ -129,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{a.repeats} repeats; 95% intervals over prompts")
     for m in a.modes:
         x, lo, hi = over(out[m, True], out[m, False])
-        tps = {on: out[m, on][0].sum() / out[m, on][1].sum() for on in (False, True)}
+        tps = {on: out[m, on]["tokens"].sum() / out[m, on]["seconds"].sum() for on in (False, True)}
         line = (f"  {m:<14} torch {tps[False]:6.1f} tok/s, fused {tps[True]:6.1f}: "
                 f"fused/torch {x:.3f} [{lo:.3f}, {hi:.3f}]")
         if m != a.modes[0]:

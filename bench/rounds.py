@@ -101,16 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from bench import cpu_model
-    from bench.engine import parse_mode
+    from bench.engine import modes_error
     from bench.routes import dev_prompts
     from engines.builtin import BuiltinEngine, drive_from_side_thread
     from engines.config import load_engine_config
 
-    try:
-        for m in args.modes:
-            parse_mode(m)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+    problem = modes_error(args.modes)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     rows = dev_prompts(args.per_category, args.categories)
     if not rows:

@@ -4,7 +4,8 @@ decoder the engine runs, and the ratios are taken side against side."""
 import numpy as np
 import torch
 
-from bench.fused import main, over, requests, switch
+from bench.fused import main, requests, switch
+from bench.rounds import over
 from engines.builtin import drive_from_side_thread
 from engines.fused import fused_ops
 from engines.proposers import NgramProposer
@@ -23,8 +24,8 @@ def test_requests_serve_both_sides_and_switch_every_decoder():
     assert engine.decoders == (target,) and target.fused is ops  # left on, as the engine runs
     for on in (False, True):
         # greedy and lossless on each side: lookup writes plain's tokens, prompt by prompt
-        assert (out["ngram:4", on][0] == out["plain", on][0]).all() and out["plain", on][0].min() > 0
-        assert (out["plain", on][1] > 0).all()
+        assert (out["ngram:4", on]["tokens"] == out["plain", on]["tokens"]).all()
+        assert out["plain", on]["tokens"].min() > 0 and (out["plain", on]["seconds"] > 0).all()
     switch(engine, False, ops)
     assert target.fused is None
     assert over(out["plain", True], out["plain", True]) == [1.0, 1.0, 1.0]

@@ -35,3 +35,10 @@ def test_a_run_counts_every_speculative_round_against_the_first_mode():
 def test_a_mode_it_cannot_parse_is_refused_before_any_model_is_loaded(capsys):
     assert main(["--modes", "eagle:6/sometimes"]) == 2
     assert "eagle:6/sometimes" in capsys.readouterr().err
+
+
+def test_modes_error_names_the_first_mode_it_refuses():
+    from bench.engine import modes_error
+
+    assert modes_error(["plain", "ngram:4", "eagle:6/fixed"]) is None
+    assert "eagle:6/sometimes" in modes_error(["plain", "eagle:6/sometimes", "ngram:x"])
