@@ -24,7 +24,9 @@ sample drawn together, the best fixed γ chosen afresh in each draw, so the
 interval carries the luck of that choice too). Where a category's prompts differ
 in their best fixed γ (over their samples), no fixed γ serves them all and the
 adaptive mode should beat the category's best one: judged against 1.0 on the
-same interval.
+same interval. `--speed decode` counts each run's tokens after the first over its
+time after the first token: no mode speeds the prefill, and a sampled answer that
+ends after a few tokens would otherwise read as a slowdown of the mode that wrote it.
 """
 
 from __future__ import annotations
@@ -40,8 +42,7 @@ from pathlib import Path
 import torch
 
 from bench import cpu_model, default_data_path
-from bench.hindsight import differing_line, hindsight, over_plain, over_plain_line
-from bench.specbench.intervals import verdict
+from bench.hindsight import SPEEDS, differing_line, hindsight, hindsight_line, over_plain, over_plain_line
 from engines.api import ChatMessage, GenerationRequest, SamplingParams
 from engines.arms import Arm
 from engines.builtin import BuiltinEngine, drive_from_side_thread
@@ -78,6 +79,7 @@ class Cell:
 
     tokens: int = 0
     seconds: float = 0.0
+    decode_tokens: int = 0  # after the first (bench/hindsight.py: SPEEDS)
     decode_s: float = 0.0
     drafted: int = 0
     verified: int = 0
@@ -88,16 +90,19 @@ class Cell:
 
     def add(self, s=None, **extra) -> None:
         if s is not None:
+            decode_tokens, decode_s = max(s.output_tokens - 1, 0), max(s.total_s - s.prefill_s, 0.0)
             self.tokens += s.output_tokens
             self.seconds += s.total_s
-            self.decode_s += max(s.total_s - s.prefill_s, 0.0)
+            self.decode_tokens += decode_tokens
+            self.decode_s += decode_s
             self.drafted += s.drafted
             self.verified += sum(s.verified_per_round)
             self.accepted += s.accepted
             self.rounds += s.rounds
             self.draft_s += s.draft_s
-            self.runs.append(dict(tokens=s.output_tokens, seconds=s.total_s, drafted=s.drafted,
-                                  accepted=s.accepted, rounds=s.rounds, **extra))
+            self.runs.append(dict(tokens=s.output_tokens, seconds=s.total_s, decode_tokens=decode_tokens,
+                                  decode_s=decode_s, drafted=s.drafted, accepted=s.accepted, rounds=s.rounds,
+                                  **extra))
         else:
             self.tokens += extra["tokens"]
             self.seconds += extra["seconds"]
@@ -106,6 +111,11 @@ class Cell:
     @property
     def tok_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
+
+    def rate(self, speed: str) -> float:
+        """Tokens per second as `speed` counts them (bench/hindsight.py: SPEEDS)."""
+        tokens, seconds = (getattr(self, f) for f in SPEEDS[speed])
+        return tokens / seconds if seconds else 0.0
 
 
 def pick_prompts(rows: list[dict], per_category: int, categories: list[str] | None) -> list[dict]:
@@ -194,7 +204,7 @@ def rotated(modes: list[str], n: int) -> list[str]:
 
 
 def run_bench(engine: BuiltinEngine, rows: list[dict], modes: list[str], temperatures: list[float], max_tokens: int,
-              hf_pld: tuple[int, ...] | None, log=print, samples: int = 1) -> dict:
+              hf_pld: tuple[int, ...] | None, log=print, samples: int = 1, speed: str = "request") -> dict:
     hf = hf_generate_runner(engine) if hf_pld is not None else None
     cells: dict[tuple[float, str, str], Cell] = defaultdict(Cell)
     mismatches = []
@@ -229,16 +239,16 @@ def run_bench(engine: BuiltinEngine, rows: list[dict], modes: list[str], tempera
                         f"{len(out) / secs:6.1f} tok/s")
     if hf:
         hf.close()
-    return summarize(cells, mismatches, modes, temperatures, hf_pld if hf else None)
+    return summarize(cells, mismatches, modes, temperatures, hf_pld if hf else None, speed)
 
 
-def _row(cells: dict, temp: float, cats: list[str], names: list[str]) -> dict:
+def _row(cells: dict, temp: float, cats: list[str], names: list[str], speed: str = "request") -> dict:
     plain = Cell()
     for c in cats:
         x = cells.get((temp, c, "plain"))
         if x:
-            plain.tokens, plain.seconds, plain.decode_s = (plain.tokens + x.tokens, plain.seconds + x.seconds,
-                                                           plain.decode_s + x.decode_s)
+            for f in ("tokens", "seconds", "decode_tokens", "decode_s"):
+                setattr(plain, f, getattr(plain, f) + getattr(x, f))
     step = plain.decode_s / max(plain.tokens - len(cats), 1)  # seconds per plain decode step
     row = {}
     for name in names:
@@ -247,12 +257,14 @@ def _row(cells: dict, temp: float, cats: list[str], names: list[str]) -> dict:
             x = cells.get((temp, c, name))
             if x is None:
                 continue
-            for f in ("tokens", "seconds", "decode_s", "drafted", "verified", "accepted", "rounds", "draft_s"):
+            for f in ("tokens", "seconds", "decode_tokens", "decode_s", "drafted", "verified", "accepted", "rounds",
+                      "draft_s"):
                 setattr(cell, f, getattr(cell, f) + getattr(x, f))
         if not cell.seconds:
             continue
+        rate, plain_rate = cell.rate(speed), plain.rate(speed)
         row[name] = dict(
-            tok_s=cell.tok_s, vs_plain=cell.tok_s / plain.tok_s if plain.tok_s else None,
+            tok_s=rate, vs_plain=rate / plain_rate if plain_rate else None,
             acceptance=cell.accepted / cell.drafted if cell.drafted else None,
             mean_accepted_length=(cell.accepted + cell.rounds) / cell.rounds if cell.rounds and cell.drafted else None,
             draft_cost=(cell.draft_s / cell.drafted) / step if cell.drafted and step else None,
@@ -260,14 +272,14 @@ def _row(cells: dict, temp: float, cats: list[str], names: list[str]) -> dict:
     return row
 
 
-def summarize(cells, mismatches, modes, temperatures, hf_pld) -> dict:
+def summarize(cells, mismatches, modes, temperatures, hf_pld, speed: str = "request") -> dict:
     """hf_pld: None without the Hugging Face baseline; else its prompt-lookup settings (maybe none)."""
     cats = sorted({c for _, c, _ in cells})
     names = list(modes) + (["hf"] + [f"hf-pld:{p}" for p in hf_pld] if hf_pld is not None else [])
     tables = {}
     for temp in temperatures:
-        tables[f"{temp:g}"] = {cat: _row(cells, temp, [cat], names) for cat in cats}
-        tables[f"{temp:g}"]["ALL"] = _row(cells, temp, cats, names)
+        tables[f"{temp:g}"] = {cat: _row(cells, temp, [cat], names, speed) for cat in cats}
+        tables[f"{temp:g}"]["ALL"] = _row(cells, temp, cats, names, speed)
     return dict(tables=tables, mismatches=mismatches,
                 runs={f"{t:g}|{c}|{n}": cells[(t, c, n)].runs for t, c, n in cells})
 
@@ -314,6 +326,10 @@ def main(args) -> int:
     if args.samples < 1:
         print("error: --samples must be at least 1", file=sys.stderr)
         return 2
+    if args.speed == "decode" and not args.no_hf:
+        print("error: --speed decode times each run after its first token, which HF generate does not report: "
+              "add --no-hf", file=sys.stderr)
+        return 2
     gpu = torch.cuda.get_device_name(config.target.device) if config.target.device.startswith("cuda") else None
     machine = cpu_model() + (f"; {gpu}" if gpu else "")
     log(f"machine: {machine}; torch {torch.__version__}")
@@ -325,33 +341,29 @@ def main(args) -> int:
     log("target forward, median: " + ", ".join(f"T={t}: {s * 1e3:.1f} ms" for t, s in cost.items()))
     summary = drive_from_side_thread(engine, lambda: run_bench(
         engine, rows, args.modes, args.temperatures, args.max_tokens,
-        None if args.no_hf else tuple(args.hf_pld), log, args.samples))
+        None if args.no_hf else tuple(args.hf_pld), log, args.samples, args.speed))
     summary["verify_cost_s"] = cost
     summary["verify8_over_step"] = cost[9] / cost[1]
     summary["coupled_sampling"] = config.coupled_sampling
     summary["settings"] = dict(max_tokens=args.max_tokens, per_category=args.per_category, samples=args.samples,
-                               modes=args.modes,
+                               modes=args.modes, speed=args.speed,
                                temperatures=args.temperatures, dtype=config.target.dtype, cpu=cpu_model(), gpu=gpu,
                                profile=engine.profile.describe() if engine.profile else None)
     print(f"machine: {machine}; start-up profile: {summary['settings']['profile']}")
     for t, table in summary["tables"].items():
-        print(f"\n### T={t}: speed over plain (acceptance per drafted token / mean accepted length)\n")
+        speed = "" if args.speed == "request" else ", decode phase (after the first token)"
+        print(f"\n### T={t}: speed over plain{speed} (acceptance per drafted token / mean accepted length)\n")
         print(format_table(table, args.modes))
-        for draft, adaptive in (("ngram", "ngram:8"), ("eagle", "eagle:6")):
-            h = hindsight(table, summary["runs"], t, draft, adaptive)
+        adaptive_modes = [m for m in args.modes if m != "plain" and not m.endswith("/fixed")]
+        for adaptive in adaptive_modes:  # against its draft's fixed γ, where the run has some
+            draft = adaptive.split(":")[0]
+            h = hindsight(table, summary["runs"], t, draft, adaptive, args.speed)
             if h:
                 summary.setdefault("hindsight", {})[f"{t}|{adaptive}"] = h
-                cats = {c: v for c, v in h.items() if c != "ALL"}
-                verdicts = [verdict(v["interval"], 0.97) for v in cats.values()]
-                print(f"{adaptive} (adaptive) vs {draft}'s best fixed γ in hindsight, per category [95% interval "
-                      f"over prompts]: within 3% or better in {sum(v['ratio'] >= 0.97 for v in cats.values())}"
-                      f"/{len(cats)} (interval: met {verdicts.count('met')}, undecided "
-                      f"{verdicts.count('undecided')}, missed {verdicts.count('missed')}); " + ", ".join(
-                          f"{c} {v['ratio']:.2f} [{v['interval'][1]:.2f}, {v['interval'][2]:.2f}]"
-                          for c, v in h.items()))
-                print(differing_line(adaptive, cats))
-        for mode in (m for m in args.modes if m != "plain" and not m.endswith("/fixed")):
-            ratios = over_plain(table, summary["runs"], t, mode)
+                print(hindsight_line(adaptive, draft, h))
+                print(differing_line(adaptive, {c: v for c, v in h.items() if c != "ALL"}))
+        for mode in adaptive_modes:
+            ratios = over_plain(table, summary["runs"], t, mode, args.speed)
             if ratios:
                 summary.setdefault("over_plain", {})[f"{t}|{mode}"] = ratios
                 print(over_plain_line(mode, ratios))
@@ -389,4 +401,8 @@ def add_arguments(p) -> None:
     p.add_argument("--hf-pld", nargs="*", type=int, default=list(DEFAULT_HF_PLD),
                    help="HF prompt_lookup_num_tokens values to compare, greedy only (default: %(default)s)")
     p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate baselines")
+    p.add_argument("--speed", choices=tuple(SPEEDS), default="request",
+                   help="tokens per second of each run's whole time, or of its decode phase (tokens after the first "
+                        "over the time after it: what a mode changes, where sampled answers of different lengths "
+                        "carry their prompt's prefill unevenly; needs --no-hf) (default: %(default)s)")
     p.add_argument("--out", help="write every measurement as JSON here")

@@ -1,7 +1,12 @@
 """bench-engine's hindsight: the adaptive mode against the draft's best fixed γ
 per category, with a 95% interval from a bootstrap over prompts, and where the
 best fixed γ differs between a category's prompts; and each adaptive mode against
-plain, on the same kind of interval."""
+plain, on the same kind of interval.
+
+Speed is each run's tokens over its time (`request`), or its tokens after the first
+over its time after the first token (`decode`: what a decoding mode changes; a
+sampled answer that ends after a few tokens is mostly its prompt's prefill, which
+no mode speeds, and would read as a slowdown of the mode that wrote it)."""
 
 from __future__ import annotations
 
@@ -10,8 +15,10 @@ from collections import defaultdict
 
 from bench.specbench.intervals import BOOTSTRAP, percentile_interval, verdict
 
+SPEEDS = {"request": ("tokens", "seconds"), "decode": ("decode_tokens", "decode_s")}  # a run's fields
 
-def hindsight(table: dict, runs: dict, temp: str, draft: str, adaptive: str) -> dict:
+
+def hindsight(table: dict, runs: dict, temp: str, draft: str, adaptive: str, speed: str = "request") -> dict:
     """Per category (and ALL): the draft's best fixed γ in hindsight against its
     adaptive mode, with `interval` [point, low, high] over prompts, and how many
     prompts each fixed γ was best on (`best_per_prompt`: where the best γ differs
@@ -25,7 +32,7 @@ def hindsight(table: dict, runs: dict, temp: str, draft: str, adaptive: str) -> 
             continue
         best = max(fixed, key=fixed.get)
         ratio = row[adaptive]["vs_plain"] / fixed[best]
-        per = _per_prompt(runs, temp, cat, [*fixed, adaptive])
+        per = _per_prompt(runs, temp, cat, [*fixed, adaptive], speed)
         out[cat] = dict(best_fixed=best, best_fixed_x=fixed[best], adaptive_x=row[adaptive]["vs_plain"],
                         ratio=ratio, interval=_ratio_interval(per, list(fixed), adaptive, ratio),
                         best_per_prompt=_best_per_prompt(per, list(fixed)),
@@ -33,20 +40,22 @@ def hindsight(table: dict, runs: dict, temp: str, draft: str, adaptive: str) -> 
     return out
 
 
-def _per_prompt(runs: dict, temp: str, cat: str, modes: list[str]) -> dict | None:
-    """(category, prompt) -> mode -> [tokens, seconds] over its samples; None for
-    runs of an older bench, which kept no prompt to pair them by."""
+def _per_prompt(runs: dict, temp: str, cat: str, modes: list[str], speed: str = "request") -> dict | None:
+    """(category, prompt) -> mode -> [tokens, seconds] over its samples, as `speed`
+    counts them; None for runs of an older bench, which kept no prompt to pair them
+    by (or no decode phase)."""
+    tokens, seconds = SPEEDS[speed]
     per: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
     for key, rs in runs.items():
         t, c, mode = key.split("|")
         if t != temp or (cat != "ALL" and c != cat) or mode not in modes:
             continue
         for r in rs:
-            if "prompt" not in r:
+            if "prompt" not in r or seconds not in r:
                 return None
             acc = per[(c, r["prompt"])][mode]
-            acc[0] += r["tokens"]
-            acc[1] += r["seconds"]
+            acc[0] += r[tokens]
+            acc[1] += r[seconds]
     return per
 
 
@@ -79,11 +88,11 @@ def _per_prompt_x(per: dict | None, fixed: list[str], best: str) -> float:
     return round((chosen[0] / chosen[1]) / (at_best[0] / at_best[1]), 4)
 
 
-def over_plain(table: dict, runs: dict, temp: str, mode: str) -> dict[str, list[float]]:
+def over_plain(table: dict, runs: dict, temp: str, mode: str, speed: str = "request") -> dict[str, list[float]]:
     """Per category (and ALL): `mode`'s speed over plain's, [point, low, high] with
     prompts resampled (a draft that must never cost more than 3% against plain is
     judged on the low end, not on three prompts' point)."""
-    return {cat: _ratio_interval(_per_prompt(runs, temp, cat, ["plain", mode]), ["plain"], mode,
+    return {cat: _ratio_interval(_per_prompt(runs, temp, cat, ["plain", mode], speed), ["plain"], mode,
                                  row[mode]["vs_plain"])
             for cat, row in table.items() if row.get(mode, {}).get("vs_plain")}
 
@@ -112,6 +121,18 @@ def _ratio_interval(per: dict | None, fixed: list[str], adaptive: str,
     if len(draws) < 2:
         return [round(point, 4), float("nan"), float("nan")]
     return percentile_interval(point, draws)
+
+
+def hindsight_line(adaptive: str, draft: str, h: dict) -> str:
+    """hindsight()'s figures: how many categories the adaptive mode is within 3% of (or
+    better than) the draft's best fixed γ in, by the point and by the interval."""
+    cats = {c: v for c, v in h.items() if c != "ALL"}
+    verdicts = [verdict(v["interval"], 0.97) for v in cats.values()]
+    return (f"{adaptive} (adaptive) vs {draft}'s best fixed γ in hindsight, per category [95% interval over "
+            f"prompts]: within 3% or better in {sum(v['ratio'] >= 0.97 for v in cats.values())}/{len(cats)} "
+            f"(interval: met {verdicts.count('met')}, undecided {verdicts.count('undecided')}, missed "
+            f"{verdicts.count('missed')}); " + ", ".join(
+                f"{c} {v['ratio']:.2f} [{v['interval'][1]:.2f}, {v['interval'][2]:.2f}]" for c, v in h.items()))
 
 
 def differing_line(adaptive: str, cats: dict) -> str:

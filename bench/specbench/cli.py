@@ -271,7 +271,10 @@ def summarize(args, requests, modes, fixed, c1, runs, stream, address, engines: 
                       learning_curve=args.learning_curve, gateway=args.address or "started by the bench",
                       cpu=cpu_model(), engines=list(engines)),
         targets=analysis.targets(iv_c1, iv_high, curve, high),
-        intervals={"c1": iv_c1, f"c{high}": iv_high},
+        # the decode phase's ratios beside them (analysis.decoding), not judged: the targets are stated
+        # in request speed
+        intervals={"c1": iv_c1, "c1 decode": intervals.bootstrap_c1(analysis.decoding(c1), fixed, seed=args.seed)
+                   if c1 else {}, f"c{high}": iv_high},
         greedy_mismatches=analysis.greedy_mismatches(all_ms),
         sampled_lookup=dict(zip(("compared", "mismatches"), analysis.sampled_lookup_mismatches(
             all_ms, (lambda arm: True) if coupled(args) else is_lookup)),

@@ -73,6 +73,16 @@ def test_speed_is_per_token_so_longer_sampled_answers_are_not_penalised():
     assert c["best_fixed"] == "ngram:4"
 
 
+def test_the_decode_phase_leaves_the_prefill_out_so_an_answer_ending_early_is_no_slowdown():
+    # the same decode speed (10 tokens/s after the first token), a sampled answer ending after 2 tokens
+    ms = [m(0, "plain", 10, 2.0, temp=1.0, ttft_s=1.1), m(0, "ngram:4", 2, 1.2, temp=1.0, ttft_s=1.1),
+          m(1, "plain", 1, 1.0, ttft_s=0.9), m(1, "ngram:4", 5, 1.0)]  # one token; no first token's time
+    assert intervals.c1_ratios(ms[:2], ["plain", "ngram:4"])["ngram:4/plain"] == pytest.approx(1 / 3)
+    d = analysis.decoding(ms)
+    assert [(x["idx"], x["output_tokens"], round(x["latency_s"], 6)) for x in d] == [(0, 9, 0.9), (0, 1, 0.1)]
+    assert intervals.c1_ratios(d, ["plain", "ngram:4"])["ngram:4/plain"] == pytest.approx(1.0)
+
+
 def test_greedy_mismatch_is_found_only_at_temperature_zero():
     ms = [m(0, "plain", 5, 1, sha="aa"), m(0, "ngram:4", 5, 1, sha="bb"),
           m(1, "plain", 5, 1, temp=0.7, sha="aa"), m(1, "ngram:4", 5, 1, temp=0.7, sha="cc"),
@@ -220,8 +230,11 @@ def test_a_real_run_through_a_gateway(tmp_path, specbench_rows):
     assert all(a for a in summary["raw"]["c1"][ADAPTIVE]["arms"])
     fixed = [x for x in summary["measurements"] if x["mode"] == "ngram:4"]
     assert all(x["arm"] == "ngram:4" and x["source"] == "request" for x in fixed)
+    # the decode phase's ratios beside the judged ones, every measurement had its first token's time
+    assert set(summary["intervals"]["c1 decode"]) == set(summary["intervals"]["c1"])
+    assert all(x["ttft_s"] > 0 for x in summary["measurements"])
     md = (tmp_path / "out" / "report.md").read_text()
-    assert md.startswith("# specgate bench")
+    assert md.startswith("# specgate bench") and "| c1 decode | adaptive/plain |" in md
     # what the engine priced work at by the end, from its status: recorded with the run, shown in the report
     [prices] = summary["settings"]["engines"]
     lone = prices["lone_step_s"]
