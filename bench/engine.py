@@ -108,10 +108,6 @@ class Cell:
             self.seconds += extra["seconds"]
             self.runs.append(extra)
 
-    @property
-    def tok_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds else 0.0
-
     def rate(self, speed: str) -> float:
         """Tokens per second as `speed` counts them (bench/hindsight.py: SPEEDS)."""
         tokens, seconds = (getattr(self, f) for f in SPEEDS[speed])
@@ -249,7 +245,7 @@ def _row(cells: dict, temp: float, cats: list[str], names: list[str], speed: str
         if x:
             for f in ("tokens", "seconds", "decode_tokens", "decode_s"):
                 setattr(plain, f, getattr(plain, f) + getattr(x, f))
-    step = plain.decode_s / max(plain.tokens - len(cats), 1)  # seconds per plain decode step
+    step = plain.decode_s / max(plain.decode_tokens, 1)  # seconds per plain decode step
     row = {}
     for name in names:
         cell = Cell()
