@@ -88,6 +88,12 @@ class Cell:
     draft_s: float = 0.0
     runs: list[dict] = field(default_factory=list)
 
+    def merge(self, other: Cell) -> None:
+        """Adds another cell's totals (not its runs): a row over several categories."""
+        for f in ("tokens", "seconds", "decode_tokens", "decode_s", "drafted", "verified", "accepted", "rounds",
+                  "draft_s"):
+            setattr(self, f, getattr(self, f) + getattr(other, f))
+
     def add(self, s=None, **extra) -> None:
         if s is not None:
             decode_tokens, decode_s = max(s.output_tokens - 1, 0), max(s.total_s - s.prefill_s, 0.0)
@@ -243,19 +249,15 @@ def _row(cells: dict, temp: float, cats: list[str], names: list[str], speed: str
     for c in cats:
         x = cells.get((temp, c, "plain"))
         if x:
-            for f in ("tokens", "seconds", "decode_tokens", "decode_s"):
-                setattr(plain, f, getattr(plain, f) + getattr(x, f))
+            plain.merge(x)
     step = plain.decode_s / max(plain.decode_tokens, 1)  # seconds per plain decode step
     row = {}
     for name in names:
         cell = Cell()
         for c in cats:
             x = cells.get((temp, c, name))
-            if x is None:
-                continue
-            for f in ("tokens", "seconds", "decode_tokens", "decode_s", "drafted", "verified", "accepted", "rounds",
-                      "draft_s"):
-                setattr(cell, f, getattr(cell, f) + getattr(x, f))
+            if x is not None:
+                cell.merge(x)
         if not cell.seconds:
             continue
         rate, plain_rate = cell.rate(speed), plain.rate(speed)
@@ -346,11 +348,11 @@ def main(args) -> int:
                                temperatures=args.temperatures, dtype=config.target.dtype, cpu=cpu_model(), gpu=gpu,
                                profile=engine.profile.describe() if engine.profile else None)
     print(f"machine: {machine}; start-up profile: {summary['settings']['profile']}")
+    speed = "" if args.speed == "request" else ", decode phase (after the first token)"
+    adaptive_modes = [m for m in args.modes if m != "plain" and not m.endswith("/fixed")]
     for t, table in summary["tables"].items():
-        speed = "" if args.speed == "request" else ", decode phase (after the first token)"
         print(f"\n### T={t}: speed over plain{speed} (acceptance per drafted token / mean accepted length)\n")
         print(format_table(table, args.modes))
-        adaptive_modes = [m for m in args.modes if m != "plain" and not m.endswith("/fixed")]
         for adaptive in adaptive_modes:  # against its draft's fixed γ, where the run has some
             draft = adaptive.split(":")[0]
             h = hindsight(table, summary["runs"], t, draft, adaptive, args.speed)
