@@ -48,6 +48,14 @@ _CAT_INDEX = {c: i for i, c in enumerate(CATEGORIES)}
 # (prior_draft); at 1.0 its draws served the head or lookup alone for half the requests, where its
 # mean chose the hybrid for most: 0.3-1.6% slower than at 0.5 in `specgate bench-replay`
 PRIOR_LOGIT_SD = 0.5
+# the prior's load term e (round cost per verified token and per request in the engine, in plain
+# steps). Its α is fit by value at load 0 and runs high, so at 0.02 (a batch of 16's step growing
+# ~0.37 for a token every row verifies) it predicted the hybrid 1.26x plain at load 15, where every
+# draft measured 0.98-1.00x plain from concurrency 4 to 32 (`load-s70`) and the hybrid it served
+# 0.995x (`e2e-s71`): a full batch spends a verified token's compute on cores its rows already
+# saturate, and the step budget verifies almost nothing. At 0.06 a verified token costs about a
+# step at load 15 (0.09 + 15·0.06), and the prior serves plain there
+LOAD_TERM = 0.06
 LOAD_CAP = 64  # the round cost's load term grows no further (the fit's rows are capped alike: TrainingRow.load)
 TEMPERATURE, INTERCEPT = 2 * N_CATEGORIES, N_FEATURES - 1  # positions in acceptance_features
 
@@ -155,14 +163,14 @@ def prior_draft(kind: str) -> DraftModel:
     t, t2, _top_p, copy, rep, code, _nonascii, _plen, _turns, _lratio, bias = range(TEMPERATURE, N_FEATURES)
     if kind == "ngram":
         w[copy], w[rep], w[code], w[t], w[bias] = 2.5, 2.0, 1.0, -0.923, -1.701
-        # verifying k more tokens per row costs ~0.06·k of a step alone, ~0.37·k in a batch of 16
-        cost, over = [0.0, 0.06, 0.02], (2.0, 0.0)  # proposer bookkeeping per request: short answers stay plain
+        # verifying k more tokens costs ~0.06·k of a lone row's step
+        cost, over = [0.0, 0.06, LOAD_TERM], (2.0, 0.0)  # proposer bookkeeping per request: short answers stay plain
     elif kind == "hybrid":
         w[copy], w[rep], w[code], w[t], w[bias] = 2.5, 2.0, 1.0, -0.439, 0.779
-        cost, over = [0.0, 0.09, 0.02], (3.0, 0.0005)  # priced as the head: lookup rounds cost less
+        cost, over = [0.0, 0.09, LOAD_TERM], (3.0, 0.0005)  # priced as the head: lookup rounds cost less
     elif kind == "eagle":
         w[t], w[code], w[bias] = -0.275, 0.3, -0.54
-        cost, over = [0.0, 0.09, 0.02], (3.0, 0.0005)  # plus a draft layer per token; it reads the prompt once
+        cost, over = [0.0, 0.09, LOAD_TERM], (3.0, 0.0005)  # plus a draft layer per token; it reads the prompt once
     else:  # a separate model or a subset of the target's layers
         w[copy], w[t], w[bias] = 0.5, -1.5, -0.2
         cost, over = [0.0, 0.8, 0.03], (3.0, 0.002)  # 25 of 30 layers: ~0.8 of a step per drafted token

@@ -82,6 +82,8 @@ def test_cold_start_prior_avoids_speculation_when_it_cannot_pay():
     assert d.arm.draft == "ngram" and d.source == "policy"  # copy-heavy, greedy, idle engine
     for f in (
         RequestFeatures(temperature=0, expected_output_tokens=256, running=16, waiting=32, **base),  # high load
+        # a full batch of 16 (the bench's): a verified token costs about what it may gain there
+        RequestFeatures(temperature=0, expected_output_tokens=256, running=15, **base),
         RequestFeatures(temperature=0, expected_output_tokens=3, **base),  # short output
     ):
         assert decide(f, rules, None, random.Random(0), ARMS).arm.is_plain, f
