@@ -50,7 +50,7 @@ bench-engine: setup
 	$(VENV)/bin/specgate bench-engine --per-category 1 --max-tokens 96 --modes plain ngram:8 ngram:4/fixed \
 		eagle:6 eagle:2/fixed eagle:3/fixed ngram-eagle:8 selfspec:2/fixed --hf-pld --out bench-out/engine.json
 
-# End to end on Spec-Bench (about an hour on 2 cores): README "Results"
+# End to end on Spec-Bench (20-70 minutes on 2 cores): README "Measurements"
 bench: setup
 	$(VENV)/bin/specgate bench --out-dir bench-out/e2e
 

@@ -197,7 +197,7 @@ class EngineConfig(_Strict):
     step may add no more than its poorest row's balance: this bounds the tail latency under load,
     while rows that all gain still verify. None: no bound, the budget maximises the batch's tokens
     per second (on the Intel Xeon no faster than 3% at concurrency 2 to 16, with p99 9-16% above
-    plain's; README, "The tail's bound"). A lone row is never bounded."""
+    plain's; docs/measurements.md, "The tail's bound"). A lone row is never bounded."""
     coupled_sampling: bool = False
     """Sampled requests under every draft write plain decoding's text (for the same seed, up to the
     rounding of batched forwards): each sampled token is the Gumbel-max of the target's distribution

@@ -224,7 +224,7 @@ def _layout(arms: ArmMenu, allowed: tuple[str, ...] | None, gamma: tuple[int, in
     gamma_index = np.array([a.gamma - 1 for a in out[1:]], dtype=np.intp)
     # a hybrid shares its model part's draws: independent draws rated the head alone above the hybrid
     # that runs the same head plus lookup in a quarter of them, where the hybrid was mostly faster
-    # (`specgate bench-replay`: 0.5-1.2% faster with shared draws on four runs, README)
+    # (`specgate bench-replay`: 0.5-1.2% faster with shared draws on four runs, docs/measurements.md)
     own = np.arange(len(drafts)) % _DRAWS.shape[1]
     kinds = tuple(arms.kind_of(d) for d in drafts)
     draw_columns = np.array([own[index[k.model]] if k.model in index else own[j] for j, k in enumerate(kinds)],
