@@ -36,7 +36,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -90,9 +90,9 @@ class Cell:
 
     def merge(self, other: Cell) -> None:
         """Adds another cell's totals (not its runs): a row over several categories."""
-        for f in ("tokens", "seconds", "decode_tokens", "decode_s", "drafted", "verified", "accepted", "rounds",
-                  "draft_s"):
-            setattr(self, f, getattr(self, f) + getattr(other, f))
+        for f in fields(self):
+            if f.name != "runs":
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     def add(self, s=None, **extra) -> None:
         if s is not None:
@@ -251,6 +251,7 @@ def _row(cells: dict, temp: float, cats: list[str], names: list[str], speed: str
         if x:
             plain.merge(x)
     step = plain.decode_s / max(plain.decode_tokens, 1)  # seconds per plain decode step
+    plain_rate = plain.rate(speed)
     row = {}
     for name in names:
         cell = Cell()
@@ -260,7 +261,7 @@ def _row(cells: dict, temp: float, cats: list[str], names: list[str], speed: str
                 cell.merge(x)
         if not cell.seconds:
             continue
-        rate, plain_rate = cell.rate(speed), plain.rate(speed)
+        rate = cell.rate(speed)
         row[name] = dict(
             tok_s=rate, vs_plain=rate / plain_rate if plain_rate else None,
             acceptance=cell.accepted / cell.drafted if cell.drafted else None,
@@ -349,12 +350,12 @@ def main(args) -> int:
                                profile=engine.profile.describe() if engine.profile else None)
     print(f"machine: {machine}; start-up profile: {summary['settings']['profile']}")
     speed = "" if args.speed == "request" else ", decode phase (after the first token)"
-    adaptive_modes = [m for m in args.modes if m != "plain" and not m.endswith("/fixed")]
+    adaptive_modes = {m: arm.draft for m, (arm, fixed) in ((m, parse_mode(m)) for m in args.modes)
+                      if not arm.is_plain and not fixed}  # mode -> its draft
     for t, table in summary["tables"].items():
         print(f"\n### T={t}: speed over plain{speed} (acceptance per drafted token / mean accepted length)\n")
         print(format_table(table, args.modes))
-        for adaptive in adaptive_modes:  # against its draft's fixed γ, where the run has some
-            draft = adaptive.split(":")[0]
+        for adaptive, draft in adaptive_modes.items():  # against its draft's fixed γ, where the run has some
             h = hindsight(table, summary["runs"], t, draft, adaptive, args.speed)
             if h:
                 summary.setdefault("hindsight", {})[f"{t}|{adaptive}"] = h

@@ -60,10 +60,11 @@ def markdown(summary: dict) -> str:
     lines.append("")
     iv = summary.get("intervals") or {}
     if any(iv.values()):
-        lines += ["## Ratios with 95% intervals", "",
-                  "Level `c1 decode`: the same ratios over each request's time after its first token (what "
-                  "decoding changes; the targets are judged on request speed).", "",
-                  "| level | ratio | point | low | high |", "|---|---|---|---|---|"]
+        lines += ["## Ratios with 95% intervals", ""]
+        if iv.get("c1 decode"):
+            lines += ["Level `c1 decode`: the same ratios over each request's time after its first token (what "
+                      "decoding changes; the targets are judged on request speed).", ""]
+        lines += ["| level | ratio | point | low | high |", "|---|---|---|---|---|"]
         for level, table in iv.items():
             for k, (p, lo, hi) in sorted(table.items()):
                 lines.append(f"| {level} | {k} | {p:.3f} | {_f(lo, '.3f')} | {_f(hi, '.3f')} |")
