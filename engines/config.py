@@ -149,7 +149,7 @@ class EagleDraftConfig(_Strict):
     (bfloat16), or rounded on loading to Q8_0 or Q4_1 blocks, which the CPU kernel streams in
     1.125 or 0.75 bytes a weight instead of 2: a draft need not be exact (output stays the
     target's), and it drafts every token alone, reading them all. Its head stays the target's
-    own rows. q4 accepted less than it saved on SmolLM2 (README, "Engines")."""
+    own rows. q4 accepted less than it saved on SmolLM2 (docs/engine.md, "What drafting costs")."""
 
 
 class HybridDraftConfig(_Strict):
