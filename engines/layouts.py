@@ -161,6 +161,13 @@ def routed(weights: LlamaWeights) -> list[Columns]:
     return [w for lw in weights.layers for w in (getattr(lw, n) for n in MATMULS) if isinstance(w, Columns)]
 
 
+def pass_rows(weights: LlamaWeights) -> int:
+    """Input rows one pass over the layers' routed weights takes where the panels run
+    them (the fewest, should formats differ), 0 where none does: a routed forward's
+    tokens read the layers' weights once per that many."""
+    return min((c.panel.inputs for c in routed(weights) if c.on_panels), default=0)
+
+
 def route_matmul(w, upto: int, tied: torch.Tensor | None = None, panels: bool = False):
     """One weight run as W @ xᵀ for forwards of up to `upto` rows (0: as laid out);
     `tied`: the tensor a dense copy may be instead of a copy; `panels`: by the

@@ -77,6 +77,9 @@ class Kernel:
                                       _L, ctypes.c_float, ctypes.c_int]
         lib.ragged_attend.restype = ctypes.c_int
         self.lanes, self.rows = int(lib.panels_lanes()), int(lib.panels_rows())
+        lib.panels_inputs.argtypes = [ctypes.c_int]
+        # input rows a pass takes, per weight format (a forward's tokens go through the panels this many at a time)
+        self.inputs = {f: int(lib.panels_inputs(c)) for f, c in {"float32": 0, **FORMATS}.items()}
         self.attention_lanes = int(lib.attention_lanes())
         self.formats = all(lib.qpanels_block_bytes(c) > 0 for c in FORMATS.values())  # AVX2 or AVX-512
 
@@ -119,6 +122,11 @@ class Panel:
             self.k.lib.qpanels_mm(self._code, self.packed.data_ptr(), x.data_ptr(), y.data_ptr(), self.out,
                                   self.inner, m, self.out, torch.get_num_threads())
         return y
+
+    @property
+    def inputs(self) -> int:
+        """Input rows one pass over this weight takes."""
+        return self.k.inputs[self.fmt]
 
     def unpack(self) -> torch.Tensor:
         """The weight [out, in] it was made from."""

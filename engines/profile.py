@@ -34,6 +34,7 @@ from engines.layouts import (
     linear,
     pack_rows,
     packs_agree,
+    pass_rows,
     route_columns,
     route_rows,
     routed,
@@ -151,7 +152,9 @@ class Profile:
 
     def _packs_cost(self) -> str:
         return (f" + {self.cost.g * 1e3:.1f} ms packed" if self.packed_from else "") + (
-            f" + {self.cost.h * 1e3:.1f} ms beyond {self.layers_upto} tokens" if self.layers_upto else "")
+            f" + {self.cost.h * 1e3:.1f} ms beyond {self.layers_upto} tokens" if self.layers_upto else "") + (
+            f" + {self.cost.p * 1e3:.2f} ms a further pass of {self.cost.pass_rows} tokens" if self.cost.pass_rows
+            else "")
 
 
 def combination_name(threads: int, layout: str) -> str:
@@ -223,18 +226,21 @@ def fit_cost(model: LlamaModel, packed_from: int | None = None, columns_upto: in
     """Time a lone row feeding 1..LONE_TOKENS tokens (kept as measured) and
     forwards of the batched SHAPES; fit the step-cost model over all of them,
     with forwards of at least `packed_from` tokens on the MKL-packed copies and
-    of up to `columns_upto` on the layers' route as W @ xᵀ."""
+    of up to `columns_upto` on the layers' route as W @ xᵀ (by the panels: a pass over
+    the weights per `pass_rows` tokens)."""
     import numpy as np
 
+    passes = pass_rows(model.weights) if columns_upto else 0
     counts = list(range(1, LONE_TOKENS + 1))
     lone = dict(zip(counts, fastest_steps(model, [[(t, t > 1)] for t in counts], repeats=5)))
-    x = [features(t, 1, int(t > 1), packed_from, columns_upto) for t in lone]
+    x = [features(t, 1, int(t > 1), packed_from, columns_upto, passes) for t in lone]
     y = list(lone.values())
     # a verifying row wants logits for every position; a prefill chunk (a feed longer than any
     # verification) only for its last
     y += fastest_steps(model, [[(n, 1 < n <= LONE_TOKENS) for n in shape] for shape in SHAPES], repeats=3)
-    x += [features(sum(shape), len(shape), sum(n > 1 for n in shape), packed_from, columns_upto) for shape in SHAPES]
-    return fit(np.array(x), np.array(y), lone, packed_from, columns_upto)
+    x += [features(sum(shape), len(shape), sum(n > 1 for n in shape), packed_from, columns_upto, passes)
+          for shape in SHAPES]
+    return fit(np.array(x), np.array(y), lone, packed_from, columns_upto, passes)
 
 
 def layouts_to_try(pack: bool | str, bf16: bool | str) -> list[str]:

@@ -39,8 +39,8 @@ from engines.profile import Profile, choose_layout, combination, layouts_to_try,
 log = logging.getLogger(__name__)
 
 # v2: the routes as W @ xᵀ and the step cost's jump off them (h); v3: their kernel; v4: their trials to 32 tokens;
-# v5: the step cost's own slope per token on the route as W @ xᵀ (k)
-FORMAT = "specgate.profile.v5"
+# v5: the step cost's own slope per token on the route as W @ xᵀ (k); v6: its price per further pass of the panels (p)
+FORMAT = "specgate.profile.v6"
 DRIFT = 1.3  # a kept profile is taken while its probe forwards now run within this factor of its figure
 RIVAL = 1.1  # ... and while its runner-up does not now run them this much faster
 _CPU_FIELDS = ("vendor_id", "cpu family", "model", "model name", "stepping", "flags")

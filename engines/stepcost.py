@@ -5,8 +5,9 @@ scheduler runs; the verification budget (engines/budget.py) prices drafting
 and verification with it. Many rows: a + b·tokens (k·tokens while the matmuls run as W @ xᵀ) + c·rows
 + e·(rows feeding more than one token) (+ d once the forward feeds more than
 one token, + g once it runs the MKL-packed copies, + h once it leaves the
-matmuls run as W @ xᵀ), by non-negative least squares. One row: a table of
-measured seconds per token count, times the machine's pace since.
+matmuls run as W @ xᵀ, + p per further pass of the panels over the weights), by
+non-negative least squares. One row: a table of measured seconds per token
+count, times the machine's pace since.
 """
 
 from __future__ import annotations
@@ -45,7 +46,13 @@ class StepCost:
     0.9-1.35 ms; priced at b alone, a row's first draft looked 2-3x cheaper
     than it is). `d` is what leaving the one-token kernels costs for the whole
     forward: on CPU a forward of a single token runs matrix-vector kernels, and
-    its second token costs several times what each further one does.
+    its second token costs several times what each further one does. `p` is a
+    further pass of the panels kernel over the layers' weights (engines/panels.py
+    takes a routed forward's tokens `pass_rows` at a time: 4 on AVX-512): linear
+    in tokens alone, a first verified draft beside 8 decoding rows (a ninth token,
+    a third pass) was priced 3.1 ms on an AMD EPYC where a lone row's ninth token
+    took 4.7 (its fifth 3.7, its sixth 2.0), and at concurrency 8 prompt lookup
+    ran 0.97x plain (`load-s73`).
 
     One row (the case that decides speculation at low load): a table of measured
     seconds per token count (`lone`, from the start-up profile), because the
@@ -61,8 +68,10 @@ class StepCost:
 
     def __init__(self, a: float = 0.03, b: float = 0.002, c: float = 0.0, d: float = 0.0, window: int = 400,
                  lone: dict[int, float] | None = None, e: float = 0.0, g: float = 0.0,
-                 packed_from: int | None = None, h: float = 0.0, columns_upto: int = 0, k: float | None = None):
-        self.a, self.b, self.c, self.d, self.e, self.g, self.h = a, b, c, d, e, g, h
+                 packed_from: int | None = None, h: float = 0.0, columns_upto: int = 0, k: float | None = None,
+                 p: float = 0.0, pass_rows: int = 0):
+        self.a, self.b, self.c, self.d, self.e, self.g, self.h, self.p = a, b, c, d, e, g, h, p
+        self.pass_rows = pass_rows  # a routed forward's tokens per pass of the panels over the weights (0: no panels)
         self.k = b if k is None else k  # per token of a forward run as W @ xᵀ (unfitted: as any other)
         self.packed_from = packed_from  # forwards of at least this many tokens run MKL-packed copies
         self.columns_upto = columns_upto  # forwards of up to this many tokens run the layers as W @ xᵀ (0: none)
@@ -75,29 +84,31 @@ class StepCost:
 
     def to_dict(self) -> dict:
         """The prices (not the window of steps behind them), for a profile kept on disk."""
-        return dict(a=self.a, b=self.b, c=self.c, d=self.d, e=self.e, g=self.g, h=self.h, k=self.k,
-                    packed_from=self.packed_from, columns_upto=self.columns_upto,
+        return dict(a=self.a, b=self.b, c=self.c, d=self.d, e=self.e, g=self.g, h=self.h, k=self.k, p=self.p,
+                    packed_from=self.packed_from, columns_upto=self.columns_upto, pass_rows=self.pass_rows,
                     lone={str(t): s for t, s in self.lone.items()})
 
     @staticmethod
     def from_dict(d: dict) -> StepCost:
         """From to_dict() output; ValueError (or TypeError) on anything else."""
-        prices = [float(d[k]) for k in "abcdeghk"]
+        prices = [float(d[k]) for k in "abcdeghkp"]
         lone = {int(t): float(s) for t, s in dict(d["lone"]).items()}
-        packed_from, columns_upto = d["packed_from"], d["columns_upto"]
+        packed_from, columns_upto, pass_rows = d["packed_from"], d["columns_upto"], d["pass_rows"]
         if not all(map(math.isfinite, prices + list(lone.values()))) or min(lone.values(), default=1.0) <= 0 or (
-                packed_from is not None and (not isinstance(packed_from, int) or packed_from < 1)) or (
-                not isinstance(columns_upto, int) or columns_upto < 0):
+                packed_from is not None and (not isinstance(packed_from, int) or packed_from < 1)) or any(
+                not isinstance(n, int) or n < 0 for n in (columns_upto, pass_rows)):
             raise ValueError("step-cost prices out of range")
-        a, b, c, dd, e, g, h, k = prices
-        return StepCost(a, b, c, dd, lone=lone, e=e, g=g, packed_from=packed_from, h=h, columns_upto=columns_upto, k=k)
+        a, b, c, dd, e, g, h, k, p = prices
+        return StepCost(a, b, c, dd, lone=lone, e=e, g=g, packed_from=packed_from, h=h, columns_upto=columns_upto, k=k,
+                        p=p, pass_rows=pass_rows)
 
     def seconds(self, tokens: int, rows: int, multi: int = 0) -> float:
         """The linear model: `features`' columns written out (the budget prices hundreds of forwards a step)."""
         as_columns = tokens <= self.columns_upto
         return (self.a + (self.k if as_columns else self.b) * tokens + self.c * rows + self.e * multi
                 + (self.d if tokens > 1 else 0.0) + (self.g if runs_packed(tokens, self.packed_from) else 0.0)
-                + (self.h if leaves_columns(tokens, self.columns_upto) else 0.0))
+                + (self.h if leaves_columns(tokens, self.columns_upto) else 0.0)
+                + self.p * further_passes(tokens, self.columns_upto, self.pass_rows))
 
     def step(self, tokens: int, rows: int, multi: int = 0) -> float:
         """What the budget prices a forward at: measured for one row where known, else the model."""
@@ -130,11 +141,12 @@ class StepCost:
         self._since_fit = 0
         if len(self._obs) < 20:
             return
-        x = np.array([features(t, r, m, self.packed_from, self.columns_upto) for t, r, m, _ in self._obs])
+        x = np.array([features(t, r, m, self.packed_from, self.columns_upto, self.pass_rows)
+                      for t, r, m, _ in self._obs])
         y = np.array([s for *_, s in self._obs])
         # a column that does not vary in the window is not observable: its coefficient stays as it is
         fixed = [j for j in range(1, COLUMNS) if np.ptp(x[:, j]) == 0]
-        prior = np.array([self.a, self.b, self.c, self.e, self.d, self.g, self.h, self.k])
+        prior = np.array([self.a, self.b, self.c, self.e, self.d, self.g, self.h, self.k, self.p])
         free = [j for j in range(COLUMNS) if j not in fixed]
         y = y - x[:, fixed] @ prior[fixed]
         x = x[:, free]
@@ -153,9 +165,10 @@ class StepCost:
         self.g = float(new.get(5, self.g))
         self.h = float(new.get(6, self.h))
         self.k = max(float(new.get(7, self.k)), 1e-5)
+        self.p = float(new.get(8, self.p))
 
 
-COLUMNS = 8  # a, b, c, e, d, g, h, k
+COLUMNS = 9  # a, b, c, e, d, g, h, k, p
 
 
 def leaves_columns(tokens: int, columns_upto: int) -> bool:
@@ -164,24 +177,32 @@ def leaves_columns(tokens: int, columns_upto: int) -> bool:
     return 0 < columns_upto < tokens
 
 
-def features(tokens: int, rows: int, multi: int, packed_from: int | None = None, columns_upto: int = 0) -> list[float]:
-    """One forward's row of the step-cost regression: the columns of a, b, c, e, d, g, h and k."""
+def further_passes(tokens: int, columns_upto: int, pass_rows: int) -> int:
+    """Passes of the panels over the layers' weights beyond the first, for a forward of
+    this many tokens (0 where it leaves the route, or no panels run it)."""
+    return -(-tokens // pass_rows) - 1 if pass_rows and 0 < tokens <= columns_upto else 0
+
+
+def features(tokens: int, rows: int, multi: int, packed_from: int | None = None, columns_upto: int = 0,
+             pass_rows: int = 0) -> list[float]:
+    """One forward's row of the step-cost regression: the columns of a, b, c, e, d, g, h, k and p."""
     as_columns = tokens <= columns_upto
     return [1.0, 0.0 if as_columns else float(tokens), float(rows), float(multi), float(tokens > 1),
             float(runs_packed(tokens, packed_from)), float(leaves_columns(tokens, columns_upto)),
-            float(tokens) if as_columns else 0.0]
+            float(tokens) if as_columns else 0.0, float(further_passes(tokens, columns_upto, pass_rows))]
 
 
 def fit(x: np.ndarray, y: np.ndarray, lone: dict[int, float] | None = None,
-        packed_from: int | None = None, columns_upto: int = 0) -> StepCost:
+        packed_from: int | None = None, columns_upto: int = 0, pass_rows: int = 0) -> StepCost:
     """A step-cost model from forwards timed at start-up (rows of `features`
-    with these packed copies and routes), by non-negative least squares (see
+    with these packed copies, routes and passes), by non-negative least squares (see
     StepCost.refit), with a lone row's table."""
-    (a, b, c, e, d, g, h, k), _ = nnls(x, y)
+    (a, b, c, e, d, g, h, k, p), _ = nnls(x, y)
     # a route no forward took has no slope of its own: it is priced as the other
     b, k = (k, k) if not x[:, 1].any() else (b, b) if not x[:, 7].any() else (b, k)
     return StepCost(max(float(a), 1e-4), max(float(b), 1e-5), float(c), float(d), lone=lone, e=float(e),
-                    g=float(g), packed_from=packed_from, h=float(h), columns_upto=columns_upto, k=max(float(k), 1e-5))
+                    g=float(g), packed_from=packed_from, h=float(h), columns_upto=columns_upto, k=max(float(k), 1e-5),
+                    p=float(p), pass_rows=pass_rows)
 
 
 def monotone(table: dict[int, float]) -> dict[int, float]:

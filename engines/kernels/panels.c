@@ -310,6 +310,11 @@ QSPLITS(BF16, dq_bf16)
     }
 #endif
 
+/* Input rows one pass over a weight's panels takes (fmt 0: float32 panels, else a block
+ * format): a forward's rows are multiplied that many at a time, so one more row past a
+ * multiple of it reads the whole weight once more (the step-cost model prices the passes). */
+int panels_inputs(int fmt) { return fmt ? QG : G; }
+
 /* panels_mm over a weight in a block format (p from qpanels_pack): each panel's codes are
  * expanded in registers as they are multiplied, once a pass of up to QG rows (expanding a
  * panel once into L1 for all the passes ran slower from 5 rows up). -1 if K is not a

@@ -7,7 +7,16 @@ import torch
 import torch.nn.functional as F
 
 from engines import panels
-from engines.layouts import Columns, dense, drop_dense_copies, pack_for_cpu, route_columns, route_matmul, routed
+from engines.layouts import (
+    Columns,
+    dense,
+    drop_dense_copies,
+    pack_for_cpu,
+    pass_rows,
+    route_columns,
+    route_matmul,
+    routed,
+)
 from tests.helpers import lean_from_hf, tiny_hf_model
 
 
@@ -81,6 +90,24 @@ def test_the_dense_copies_the_panels_leave_unread_are_freed_and_come_back_for_mk
     dense_model = lean_from_hf(tiny_hf_model(vocab=64, hidden=32), torch.float32)  # dense layout: no copies
     route_columns(dense_model.weights, 8, 8, panels=True)
     assert drop_dense_copies(dense_model.weights) == 0 and not any(c.copied for c in routed(dense_model.weights))
+
+
+def test_a_pass_takes_the_kernels_own_rows_and_the_step_cost_reads_them_from_the_routes(k):
+    # float32 panels take as many input rows a pass as the registers hold accumulators for (4 with
+    # AVX-512, 3 with AVX2); a block format as many or, on AVX2, twice as many in halves
+    assert k.inputs["float32"] in (3, 4)
+    assert all(k.inputs[f] in (k.inputs["float32"], 2 * k.inputs["float32"]) for f in panels.FORMATS)
+    g = torch.Generator().manual_seed(4)
+    w = panels.exactly("q4", 8, panels.BLOCK, g)
+    assert panels.Panel(w, k).inputs == k.inputs["q4"]
+    assert panels.Panel(w, k, formats=False).inputs == k.inputs["float32"]
+    lean = lean_from_hf(tiny_hf_model(vocab=64, hidden=32), torch.float32)
+    assert pass_rows(lean.weights) == 0  # not routed
+    route_columns(lean.weights, 8, 8, panels=True)
+    assert pass_rows(lean.weights) == k.inputs["float32"]  # random weights: float32 panels
+    for c in routed(lean.weights):
+        c.run_panels(False)
+    assert pass_rows(lean.weights) == 0  # MKL runs the route: no passes of the panels to price
 
 
 def test_weights_the_kernel_cannot_take_keep_mkl(k):
