@@ -4,7 +4,10 @@ Speed is output tokens per second of request time: at temperature > 0 the arms
 sample different continuations of different lengths, so totals are compared
 per token (at temperature 0 outputs are identical and this equals the ratio of
 total times). The oracle serves each request with the fixed arm that was
-fastest per token for it in this run.
+fastest per token for it in this run; with two passes or more, the held-out
+oracle chooses each pass's arm on the others (held_out_picks): the first is
+biased up by the noise it chooses on, the second is not, and the true
+per-request best lies between them.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 
 from bench.specbench.workload import ADAPTIVE
+
+HELD_OUT = "oracle, held out"  # the oracle whose arms were chosen on other passes (held_out_picks)
 
 
 def ok(m: dict) -> bool:
@@ -63,6 +68,39 @@ def oracle_picks(ms: list[dict], fixed: list[str]) -> dict[tuple[int, int], dict
     return best
 
 
+def held_out_picks(ms: list[dict], fixed: list[str], unit: Callable[[dict], object] = lambda m: m["idx"]
+                   ) -> list[dict] | None:
+    """The oracle with its arms chosen on other passes: each (request, pass) served by
+    the fixed arm fastest per token for that request on its *other* passes, and measured
+    on this one. None unless every request ran at least two passes.
+
+    `oracle_picks` chooses and measures on one measurement, so it takes the luckiest of
+    near-equal draws: its expected speed is above the true per-request best (a greedy
+    request timed twice under one arm, writing one text, differed by 13%, the sd of the
+    log ratio over 16 requests on a 2-core EPYC: the engine's adaptive rounds follow
+    measured time, so their drafts differ too). Chosen on one pass
+    and measured on another, the choice is blind to the noise it is measured with, and
+    the expected speed is at most the true best's. The true oracle lies between the two.
+    `unit` keys a request (the bootstrap's resampled copies are distinct units)."""
+    cells: dict[object, dict[str, dict[int, dict]]] = defaultdict(lambda: defaultdict(dict))
+    for m in ms:
+        if m["mode"] in fixed and ok(m):
+            cells[unit(m)][m["mode"]][m.get("repeat", 0)] = m
+    out = []
+    for arms in cells.values():
+        passes = sorted({rep for by_rep in arms.values() for rep in by_rep})
+        if len(passes) < 2:
+            return None
+        for rep in passes:
+            # each arm measured on this pass, by its mean seconds per token on the other passes
+            elsewhere = {a: [s_per_token(m) for r, m in by_rep.items() if r != rep]
+                         for a, by_rep in arms.items() if rep in by_rep}
+            scored = [(sum(spt) / len(spt), fixed.index(a), a) for a, spt in elsewhere.items() if spt]
+            if scored:
+                out.append(arms[min(scored)[2]][rep])
+    return out
+
+
 def compare(ms: list[dict], modes: list[str]) -> dict:
     """Concurrency 1: every mode's totals, the oracle's, and the ratios the
     targets are stated in."""
@@ -70,6 +108,9 @@ def compare(ms: list[dict], modes: list[str]) -> dict:
     by_mode = {mode: totals([m for m in ms if m["mode"] == mode]) for mode in modes}
     picks = oracle_picks(ms, fixed)
     by_mode["oracle"] = totals(list(picks.values()))
+    held_out = held_out_picks(ms, fixed)
+    if held_out:
+        by_mode[HELD_OUT] = totals(held_out)
     plain = by_mode.get("plain", {}).get("tok_s") or 0.0
     for t in by_mode.values():
         t["vs_plain"] = round(t["tok_s"] / plain, 4) if plain else None
@@ -81,6 +122,8 @@ def compare(ms: list[dict], modes: list[str]) -> dict:
             a = by_mode[ADAPTIVE]["tok_s"]
             out["adaptive_vs_best_fixed"] = round(a / by_mode[best]["tok_s"], 4)
             out["adaptive_vs_oracle"] = round(a / by_mode["oracle"]["tok_s"], 4) if by_mode["oracle"]["tok_s"] else None
+            if by_mode.get(HELD_OUT, {}).get("tok_s"):
+                out["adaptive_vs_held_out_oracle"] = round(a / by_mode[HELD_OUT]["tok_s"], 4)
             out["adaptive_arms"] = dict(Counter(m.get("arm") for m in ms if m["mode"] == ADAPTIVE and ok(m))
                                         .most_common())
     return out
@@ -203,7 +246,9 @@ def targets(intervals_c1: dict, intervals_high: dict, curve: dict | None, high_c
     out = []
     for key, goal, text in (("adaptive/plain", 1.3, "c=1: adaptive ≥ 1.3x plain"),
                             ("adaptive/best_fixed", 1.15, "c=1: adaptive ≥ 1.15x the best fixed configuration"),
-                            ("adaptive/oracle", 0.95, "c=1: adaptive ≥ 0.95x the per-request oracle")):
+                            ("adaptive/oracle", 0.95, "c=1: adaptive ≥ 0.95x the per-request oracle"),
+                            ("adaptive/oracle, held out", 0.95, "c=1: adaptive ≥ 0.95x the per-request oracle, "
+                                                                "its arms chosen on other passes")):
         if key in intervals_c1:
             out.append(dict(target=text, measured=intervals_c1[key], verdict=verdict(intervals_c1[key], goal)))
     for key, goal, text in (("adaptive/plain", 1.0, f"c={high_c}: adaptive ≥ 1.0x plain"),

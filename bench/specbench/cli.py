@@ -3,15 +3,17 @@
 1. learning curve (own gateway, cold start): the workload streamed through
    the adaptive policy while the retrainer learns from its outcomes;
 2. concurrency 1: every request under every fixed arm and adaptive,
-   interleaved; the per-request oracle comes from these;
+   interleaved, in two passes; the per-request oracle comes from these (and
+   the held-out oracle, each pass's arms chosen on the other);
 3. each higher concurrency: every mode over the whole workload.
 Then the temperature-0 identity check, JSON, Markdown and plots. Exit status 3
 when a temperature-0 request came out differently under two modes.
 
 With the defaults (39 Spec-Bench dev prompts, plain and each draft with the
 engine's adaptive γ as fixed configurations, adaptive, 200 learning requests,
-concurrency 1 and 16, three rotated passes at 16) it takes 30-70 minutes on 2 CPU cores, by machine; every ratio comes
-with a 95% interval (more --repeats narrow them);
+concurrency 1 and 16, two passes at 1 and three rotated passes at 16) it takes
+25-80 minutes on 2 CPU cores, by machine; every ratio comes with a 95%
+interval (more --repeats narrow them);
 `--learning-curve 0 --per-category 1 --max-tokens 64` is a quick look.
 """
 
@@ -68,9 +70,10 @@ def add_arguments(p) -> None:
                    help="levels; 1 interleaves modes per request (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=128, help="(default: %(default)s)")
     p.add_argument("--repeats", type=int,
-                   help="passes over the workload per level (default: 1 at concurrency 1, where every request is "
-                        "interleaved across modes and the intervals come from resampling requests; 3 above it, "
-                        "where each rotated pass gives one ratio per mode and the interval is over passes)")
+                   help="passes over the workload per level (default: 2 at concurrency 1, where every request is "
+                        "interleaved across modes, the intervals come from resampling requests and the held-out "
+                        "oracle chooses each pass's arms on the other; 3 above it, where each rotated pass gives "
+                        "one ratio per mode and the interval is over passes)")
     p.add_argument("--seed", type=int, default=0, help="request seeds derive from it (default: %(default)s)")
     p.add_argument("--category-hints", action="store_true",
                    help="send the dataset's category as the request's hint (default: the gateway classifies)")
@@ -228,8 +231,9 @@ def is_lookup(arm: str) -> bool:
 
 
 def repeats_at(args, concurrency: int) -> int:
-    """Passes over the workload at a level: --repeats, else 1 at concurrency 1 and 3 above."""
-    return args.repeats or (1 if concurrency == 1 else 3)
+    """Passes over the workload at a level: --repeats, else 2 at concurrency 1 (the held-out
+    oracle chooses on one, measures on the other) and 3 above."""
+    return args.repeats or (2 if concurrency == 1 else 3)
 
 
 def summarize(args, requests, modes, fixed, c1, runs, stream, address, engines: list[dict] = ()) -> dict:
@@ -237,7 +241,7 @@ def summarize(args, requests, modes, fixed, c1, runs, stream, address, engines: 
     c1_table = analysis.compare(c1, modes) if c1 else None
     conc = analysis.concurrency_table(runs)
     if c1:  # concurrency 1 in the same table, summed over the interleaved requests
-        conc = {"1": {m: t for m, t in c1_table["modes"].items() if m != "oracle"}, **conc}
+        conc = {"1": {m: t for m, t in c1_table["modes"].items() if m not in ("oracle", analysis.HELD_OUT)}, **conc}
     curve = None
     if stream and c1:
         oracle_spt, plain_spt = analysis.per_request_rates(c1, fixed)

@@ -13,6 +13,7 @@ import math
 import random
 from collections import defaultdict
 
+from bench.specbench.analysis import held_out_picks
 from bench.specbench.workload import ADAPTIVE  # not the runner: the engine bench needs no gRPC
 
 BOOTSTRAP = 1000
@@ -28,7 +29,8 @@ def _rate(cells: list[dict]) -> float:
 
 def c1_ratios(ms: list[dict], fixed: list[str]) -> dict[str, float]:
     """The concurrency-1 ratios of one (re)sample: every mode over plain, adaptive
-    over the best fixed mode and over the oracle."""
+    over the best fixed mode and over the oracle (and, with two passes or more, over
+    the oracle whose arms were chosen on other passes: analysis.held_out_picks)."""
     by_mode: dict[str, list[dict]] = defaultdict(list)
     best: dict[tuple, dict] = {}
     for m in ms:
@@ -40,12 +42,17 @@ def c1_ratios(ms: list[dict], fixed: list[str]) -> dict[str, float]:
                 best[k] = m
     rate = {mode: _rate(cells) for mode, cells in by_mode.items()}
     rate["oracle"] = _rate(list(best.values()))
+    held_out = held_out_picks(ms, fixed, unit=lambda m: (m["idx"], m.get("boot", 0)))
     plain = rate.get("plain", float("nan"))
     out = {f"{mode}/plain": r / plain for mode, r in rate.items() if mode != "plain"}
     top = max((rate[m] for m in fixed if m in rate), default=float("nan"))
     if ADAPTIVE in rate:
         out["adaptive/best_fixed"] = rate[ADAPTIVE] / top
         out["adaptive/oracle"] = rate[ADAPTIVE] / rate["oracle"]
+    if held_out:
+        out["oracle, held out/plain"] = _rate(held_out) / plain
+        if ADAPTIVE in rate:
+            out["adaptive/oracle, held out"] = rate[ADAPTIVE] / _rate(held_out)
     return out
 
 

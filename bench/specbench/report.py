@@ -78,7 +78,9 @@ def markdown(summary: dict) -> str:
             lines.append(f"| {mode} | {t['requests']} | {t['tokens']} | {t['seconds']:.1f} | {t['tok_s']:.2f} | "
                          f"{_f(t['vs_plain'])}x | {t['p50_s']:.2f} | {t['p99_s']:.2f} |")
         lines += ["", f"Best fixed arm: {c1.get('best_fixed')}; adaptive vs it: "
-                  f"{_f(c1.get('adaptive_vs_best_fixed'))}x; adaptive vs oracle: {_f(c1.get('adaptive_vs_oracle'))}x.",
+                  f"{_f(c1.get('adaptive_vs_best_fixed'))}x; adaptive vs oracle: {_f(c1.get('adaptive_vs_oracle'))}x"
+                  + (f", vs the oracle with its arms chosen on other passes: {_f(ho)}x (the true per-request best lies "
+                     "between the two)" if (ho := c1.get("adaptive_vs_held_out_oracle")) else "") + ".",
                   f"Oracle's picks: {c1['oracle_arms']}.", f"Adaptive's picks: {c1.get('adaptive_arms', {})}.", ""]
         cats = summary["by_category"]
         modes = [m for m in c1["modes"] if m != "plain"]
