@@ -66,6 +66,7 @@ def stretch_of(mode: str, default: float | None) -> float | None:
 def run_level(engine: BuiltinEngine, prompts, arm: str, concurrency: int, per_client: int,
               max_tokens: int, offset: int) -> dict:
     lat, tokens, errors = [], [], []
+    spent = dict(drafted=0, verified=0, accepted=0)  # draft tokens over the level's requests: why an arm ran as it did
     slots: dict[str, list] = {}  # "client-j" (the same prompt for every arm in a repeat) -> [latency, accepted]
     lock = threading.Lock()
 
@@ -85,6 +86,9 @@ def run_level(engine: BuiltinEngine, prompts, arm: str, concurrency: int, per_cl
                 lat.append(time.perf_counter() - t0)
                 tokens.append(res.stats.output_tokens)
                 slots[f"{c}-{j}"] = [lat[-1], res.stats.accepted]
+                spent["drafted"] += res.stats.drafted
+                spent["verified"] += sum(res.stats.verified_per_round)
+                spent["accepted"] += res.stats.accepted
 
     engine.set_max_step_stretch(stretch_of(arm, engine.config.max_step_stretch))
     t0 = time.perf_counter()
@@ -97,7 +101,8 @@ def run_level(engine: BuiltinEngine, prompts, arm: str, concurrency: int, per_cl
     lat.sort()
     return dict(arm=arm, concurrency=concurrency, requests=len(lat), tokens=sum(tokens), wall_s=wall,
                 tok_s=sum(tokens) / wall, p50_s=statistics.median(lat) if lat else None,
-                p99_s=lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else None, errors=errors, slots=slots)
+                p99_s=lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else None, errors=errors, slots=slots,
+                **spent)
 
 
 def summarise(results: list[dict], arms: list[str], levels: list[int]) -> dict:
@@ -106,7 +111,8 @@ def summarise(results: list[dict], arms: list[str], levels: list[int]) -> dict:
     in time); and `bystanders`: over the requests none of whose drafts were
     accepted, latency over the first arm's on the same prompt and slot in the same
     repeat, [mean, low, high] over those requests (what others' speculation cost
-    the requests it did not speed up)."""
+    the requests it did not speed up); and the draft tokens its requests drafted,
+    verified and accepted over every repeat (runs recorded before them count 0)."""
     out: dict = {}
     for c in levels:
         runs = [r for r in results if r["concurrency"] == c]
@@ -117,7 +123,8 @@ def summarise(results: list[dict], arms: list[str], levels: list[int]) -> dict:
             out[c][a] = dict(tok_s=statistics.mean(r["tok_s"] for r in mine),
                              p99_s=statistics.mean(r["p99_s"] for r in mine if r["p99_s"] is not None),
                              ratio=_paired(mine, base, "tok_s"), p99_ratio=_paired(mine, base, "p99_s"),
-                             bystanders=_bystanders(mine, base))
+                             bystanders=_bystanders(mine, base),
+                             **{k: sum(r.get(k, 0) for r in mine) for k in ("drafted", "verified", "accepted")})
     return out
 
 
@@ -188,7 +195,9 @@ def main(args) -> int:
                     results.append(r | dict(repeat=rep))
                     log(f"c={c:<3} {arm:<11} {r['tok_s']:7.1f} tok/s  p50 {r['p50_s']:.2f} s  p99 {r['p99_s']:.2f} s"
                         f"  ({r['requests']} requests{', errors: ' + str(len(r['errors'])) if r['errors'] else ''})"
-                        f"  repeat {rep + 1}/{args.repeats}")
+                        f"  repeat {rep + 1}/{args.repeats}"
+                        + (f"  drafted {r['drafted']}, verified {r['verified']}, accepted {r['accepted']}"
+                           if arm.split("@")[0] != "plain" else ""))
         return results
 
     results = drive_from_side_thread(engine, drive)
@@ -213,6 +222,9 @@ def main(args) -> int:
                                                        for c in args.levels))
         print(f"{arm}: requests with no accepted draft, latency over plain's on the same prompt at "
               + ", ".join(f"c={c} {_interval(summary[c][arm]['bystanders'])}" for c in args.levels))
+        print(f"{arm}: draft tokens drafted / verified / accepted at "
+              + ", ".join(f"c={c} {summary[c][arm]['drafted']} / {summary[c][arm]['verified']} / "
+                          f"{summary[c][arm]['accepted']}" for c in args.levels))
     base = {c: summary[c][args.arms[0]]["tok_s"] for c in args.levels}
     if 1 in base and 8 in base:
         print(f"plain throughput, concurrency 8 / 1: {base[8] / base[1]:.2f}x")

@@ -51,3 +51,13 @@ def test_bystanders_are_the_requests_that_accepted_nothing_against_plain_on_the_
     spec = _run("ngram:8", 16, 0, 100.0) | dict(slots={"0-0": [2.0, 30], "1-0": [5.5, 0], "2-0": [6.6, 0]})
     point, low, high = summarise([plain, spec], ["plain", "ngram:8"], [16])[16]["ngram:8"]["bystanders"]
     assert point == 1.1 and low == high == 1.1  # the copier (2.0 against 4.0) is not a bystander
+
+
+def test_the_draft_tokens_an_arm_spent_are_summed_over_its_repeats():
+    """What an arm drafted, verified and accepted at a level says why it ran as it did
+    (a draft that never reached verification under load costs only its drafting)."""
+    runs = [_run("plain", 16, r, 100.0) | dict(drafted=0, verified=0, accepted=0) for r in range(2)] + \
+           [_run("ngram:8", 16, r, 100.0) | dict(drafted=40 + r, verified=3, accepted=2 * r) for r in range(2)]
+    s = summarise(runs + [_run("eagle:6", 16, 0, 99.0)], ["plain", "ngram:8", "eagle:6"], [16])[16]
+    assert (s["ngram:8"]["drafted"], s["ngram:8"]["verified"], s["ngram:8"]["accepted"]) == (81, 6, 2)
+    assert s["plain"]["drafted"] == 0 and s["eagle:6"]["verified"] == 0  # a run without the counts: 0
