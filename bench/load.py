@@ -112,7 +112,7 @@ def summarise(results: list[dict], arms: list[str], levels: list[int]) -> dict:
     accepted, latency over the first arm's on the same prompt and slot in the same
     repeat, [mean, low, high] over those requests (what others' speculation cost
     the requests it did not speed up); and the draft tokens its requests drafted,
-    verified and accepted over every repeat (runs recorded before them count 0)."""
+    verified and accepted over every repeat (None from runs recorded without them)."""
     out: dict = {}
     for c in levels:
         runs = [r for r in results if r["concurrency"] == c]
@@ -124,7 +124,8 @@ def summarise(results: list[dict], arms: list[str], levels: list[int]) -> dict:
                              p99_s=statistics.mean(r["p99_s"] for r in mine if r["p99_s"] is not None),
                              ratio=_paired(mine, base, "tok_s"), p99_ratio=_paired(mine, base, "p99_s"),
                              bystanders=_bystanders(mine, base),
-                             **{k: sum(r.get(k, 0) for r in mine) for k in ("drafted", "verified", "accepted")})
+                             **{k: sum(r[k] for r in mine) if all(k in r for r in mine) else None
+                                for k in ("drafted", "verified", "accepted")})
     return out
 
 
@@ -136,12 +137,19 @@ def _paired(mine: list[dict], base: dict[int, dict], key: str) -> list[float]:
 
 
 def _bystanders(mine: list[dict], base: dict[int, dict]) -> list[float]:
-    ratios = []
+    """Per repeat, the mean latency ratio of its requests that accepted nothing to the
+    first arm's on the same slot; the interval is over repeats. The requests of one
+    repeat share its spell of the machine, so they are not independent draws: an
+    interval over requests read 1.03 [1.02, 1.03] where the repeats' own means ranged
+    0.85-1.19."""
+    means = []
     for r in mine:
         theirs = base.get(r["repeat"], {}).get("slots", {})
-        ratios += [lat / theirs[k][0] for k, (lat, accepted) in r.get("slots", {}).items()
-                   if accepted == 0 and k in theirs]
-    return repeats_interval(ratios) if ratios else [float("nan")] * 3
+        ratios = [lat / theirs[k][0] for k, (lat, accepted) in r.get("slots", {}).items()
+                  if accepted == 0 and k in theirs]
+        if ratios:
+            means.append(sum(ratios) / len(ratios))
+    return repeats_interval(means) if means else [float("nan")] * 3
 
 
 def _interval(iv: list[float]) -> str:
@@ -171,7 +179,27 @@ def plot(summary: dict, out: Path, arms) -> None:
     fig.savefig(out, dpi=110)
 
 
+def reread(path: Path) -> int:
+    """A past run's summary again, from its JSON, by this version's arithmetic."""
+    try:
+        run = json.loads(path.read_text())
+        results = run["results"]
+        arms = list(dict.fromkeys(r["arm"] for r in results))
+        levels = sorted({r["concurrency"] for r in results})
+        repeats = 1 + max(r["repeat"] for r in results)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"error: {path}: not a bench-load run ({e})", file=sys.stderr)
+        return 2
+    # the baseline first, as it ran (a run's first arm rotates per repeat; repeat 0 starts with it)
+    first = [r["arm"] for r in results if r["repeat"] == 0 and r["concurrency"] == levels[0]][0]
+    arms.remove(first)
+    report(summarise(results, [first] + arms, levels), [first] + arms, levels, repeats, run.get("machine", "?"))
+    return 0
+
+
 def main(args) -> int:
+    if args.reread:
+        return reread(Path(args.reread))
     config = load_engine_config(args.config).model_copy(update=dict(max_batch=max(args.levels),
                                                                      max_queue=4 * max(args.levels)))
     engine = BuiltinEngine.from_config(config, start_worker=False)
@@ -203,31 +231,7 @@ def main(args) -> int:
     results = drive_from_side_thread(engine, drive)
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     summary = summarise(results, args.arms, args.levels)
-    print(f"machine: {cpu_model()}")
-    print(f"{args.repeats} repeat(s) per level; ratio: mean over repeats of tok/s over plain's in the same repeat"
-          + (", [95% t interval]" if args.repeats > 1 else ""))
-    print("| concurrency | " + " | ".join(f"{a} tok/s (x plain) / p99 s" for a in args.arms) + " |")
-    print("|---" * (len(args.arms) + 1) + "|")
-    for c in args.levels:
-        cells = []
-        for a in args.arms:
-            s = summary[c][a]
-            ratio = "" if a == args.arms[0] else f" ({_interval(s['ratio'])})"
-            cells.append(f"{s['tok_s']:.1f}{ratio} / {s['p99_s']:.1f}")
-        print(f"| {c} | " + " | ".join(cells) + " |")
-    for arm in args.arms[1:]:
-        verdicts = {c: verdict(summary[c][arm]["ratio"], TARGET) for c in args.levels}
-        print(f"{arm}: >= {TARGET}x plain at " + ", ".join(f"c={c} {v}" for c, v in verdicts.items()))
-        print(f"{arm}: p99 over plain's at " + ", ".join(f"c={c} {_interval(summary[c][arm]['p99_ratio'])}"
-                                                       for c in args.levels))
-        print(f"{arm}: requests with no accepted draft, latency over plain's on the same prompt at "
-              + ", ".join(f"c={c} {_interval(summary[c][arm]['bystanders'])}" for c in args.levels))
-        print(f"{arm}: draft tokens drafted / verified / accepted at "
-              + ", ".join(f"c={c} {summary[c][arm]['drafted']} / {summary[c][arm]['verified']} / "
-                          f"{summary[c][arm]['accepted']}" for c in args.levels))
-    base = {c: summary[c][args.arms[0]]["tok_s"] for c in args.levels}
-    if 1 in base and 8 in base:
-        print(f"plain throughput, concurrency 8 / 1: {base[8] / base[1]:.2f}x")
+    report(summary, args.arms, args.levels, args.repeats, cpu_model())
     print(f"peak RSS {peak_rss_mb:.0f} MB (weights, caches and all); KV budget {config.kv_budget_tokens} positions")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -236,6 +240,37 @@ def main(args) -> int:
         plot(summary, Path(args.out).with_suffix(".png"), args.arms)
         print(f"wrote {args.out} and {Path(args.out).with_suffix('.png')}")
     return 0
+
+
+def report(summary: dict, arms: list[str], levels: list[int], repeats: int, machine: str) -> None:
+    """The summary as printed: the table, then each arm's verdicts, tails, undrafted
+    requests and draft tokens."""
+    print(f"machine: {machine}")
+    print(f"{repeats} repeat(s) per level; ratio: mean over repeats of tok/s over plain's in the same repeat"
+          + (", [95% t interval]" if repeats > 1 else ""))
+    print("| concurrency | " + " | ".join(f"{a} tok/s (x plain) / p99 s" for a in arms) + " |")
+    print("|---" * (len(arms) + 1) + "|")
+    for c in levels:
+        cells = []
+        for a in arms:
+            s = summary[c][a]
+            ratio = "" if a == arms[0] else f" ({_interval(s['ratio'])})"
+            cells.append(f"{s['tok_s']:.1f}{ratio} / {s['p99_s']:.1f}")
+        print(f"| {c} | " + " | ".join(cells) + " |")
+    for arm in arms[1:]:
+        verdicts = {c: verdict(summary[c][arm]["ratio"], TARGET) for c in levels}
+        print(f"{arm}: >= {TARGET}x plain at " + ", ".join(f"c={c} {v}" for c, v in verdicts.items()))
+        print(f"{arm}: p99 over plain's at " + ", ".join(f"c={c} {_interval(summary[c][arm]['p99_ratio'])}"
+                                                       for c in levels))
+        print(f"{arm}: requests with no accepted draft, latency over plain's on the same prompt at "
+              + ", ".join(f"c={c} {_interval(summary[c][arm]['bystanders'])}" for c in levels))
+        if all(summary[c][arm]["drafted"] is not None for c in levels):  # runs before the counts: not recorded
+            print(f"{arm}: draft tokens drafted / verified / accepted at "
+                  + ", ".join(f"c={c} {summary[c][arm]['drafted']} / {summary[c][arm]['verified']} / "
+                              f"{summary[c][arm]['accepted']}" for c in levels))
+    base = {c: summary[c][arms[0]]["tok_s"] for c in levels}
+    if 1 in base and 8 in base:
+        print(f"plain throughput, concurrency 8 / 1: {base[8] / base[1]:.2f}x")
 
 
 def add_arguments(p) -> None:
@@ -257,3 +292,5 @@ def add_arguments(p) -> None:
     p.add_argument("--max-tokens", type=int, default=48, help="tokens per request (default: %(default)s)")
     p.add_argument("--max-prompt-tokens", type=int, default=160, help="skip longer prompts (default: %(default)s)")
     p.add_argument("--out", help="JSON results; a PNG plot is written beside it")
+    p.add_argument("--from", dest="reread", metavar="JSON",
+                   help="run nothing: print a past run's summary again from its --out JSON")

@@ -50,7 +50,20 @@ def test_bystanders_are_the_requests_that_accepted_nothing_against_plain_on_the_
     plain = _run("plain", 16, 0, 100.0) | dict(slots={"0-0": [4.0, 0], "1-0": [5.0, 0], "2-0": [6.0, 0]})
     spec = _run("ngram:8", 16, 0, 100.0) | dict(slots={"0-0": [2.0, 30], "1-0": [5.5, 0], "2-0": [6.6, 0]})
     point, low, high = summarise([plain, spec], ["plain", "ngram:8"], [16])[16]["ngram:8"]["bystanders"]
-    assert point == 1.1 and low == high == 1.1  # the copier (2.0 against 4.0) is not a bystander
+    assert point == 1.1 and math.isnan(low)  # the copier (2.0 against 4.0) is not a bystander; one repeat
+
+
+def test_bystanders_interval_is_over_repeats_not_over_requests():
+    """Every request of a repeat shares its spell: 1.2x in one repeat, 1.0x in the next.
+    Over 40 requests an interval would read 1.1 [1.04, 1.16]; over the two repeats it
+    cannot exclude 1.0."""
+    runs = []
+    for rep, slow in ((0, 1.2), (1, 1.0)):
+        slots = {f"{c}-0": [4.0, 0] for c in range(20)}
+        runs += [_run("plain", 16, rep, 100.0) | dict(slots=slots),
+                 _run("ngram:8", 16, rep, 100.0) | dict(slots={k: [v[0] * slow, 0] for k, v in slots.items()})]
+    point, low, high = summarise(runs, ["plain", "ngram:8"], [16])[16]["ngram:8"]["bystanders"]
+    assert point == 1.1 and low < 1.0 < high
 
 
 def test_the_draft_tokens_an_arm_spent_are_summed_over_its_repeats():
@@ -60,4 +73,4 @@ def test_the_draft_tokens_an_arm_spent_are_summed_over_its_repeats():
            [_run("ngram:8", 16, r, 100.0) | dict(drafted=40 + r, verified=3, accepted=2 * r) for r in range(2)]
     s = summarise(runs + [_run("eagle:6", 16, 0, 99.0)], ["plain", "ngram:8", "eagle:6"], [16])[16]
     assert (s["ngram:8"]["drafted"], s["ngram:8"]["verified"], s["ngram:8"]["accepted"]) == (81, 6, 2)
-    assert s["plain"]["drafted"] == 0 and s["eagle:6"]["verified"] == 0  # a run without the counts: 0
+    assert s["plain"]["drafted"] == 0 and s["eagle:6"]["verified"] is None  # a run recorded without the counts
