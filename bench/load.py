@@ -110,8 +110,8 @@ def summarise(results: list[dict], arms: list[str], levels: list[int]) -> dict:
     to the first arm as [mean, low, high] over repeats (each repeat's ratio paired
     in time); and `bystanders`: over the requests none of whose drafts were
     accepted, latency over the first arm's on the same prompt and slot in the same
-    repeat, [mean, low, high] over those requests (what others' speculation cost
-    the requests it did not speed up); and the draft tokens its requests drafted,
+    repeat, [mean, low, high] over repeats (what others' speculation cost the
+    requests it did not speed up; _bystanders); and the draft tokens its requests drafted,
     verified and accepted over every repeat (None from runs recorded without them)."""
     out: dict = {}
     for c in levels:

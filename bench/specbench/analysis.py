@@ -12,6 +12,7 @@ per-request best lies between them.
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from collections.abc import Callable
 
@@ -76,9 +77,8 @@ def held_out_picks(ms: list[dict], fixed: list[str], unit: Callable[[dict], obje
 
     `oracle_picks` chooses and measures on one measurement, so it takes the luckiest of
     near-equal draws: its expected speed is above the true per-request best (a greedy
-    request timed twice under one arm, writing one text, differed by 13%, the sd of the
-    log ratio over 16 requests on a 2-core EPYC: the engine's adaptive rounds follow
-    measured time, so their drafts differ too). Chosen on one pass
+    request timed twice under one arm, writing one text, differs by 7-12% on a 2-core
+    EPYC: timing_noise). Chosen on one pass
     and measured on another, the choice is blind to the noise it is measured with, and
     the expected speed is at most the true best's. The true oracle lies between the two.
     `unit` keys a request (the bootstrap's resampled copies are distinct units)."""
@@ -99,6 +99,30 @@ def held_out_picks(ms: list[dict], fixed: list[str], unit: Callable[[dict], obje
             if scored:
                 out.append(arms[min(scored)[2]][rep])
     return out
+
+
+def timing_noise(ms: list[dict]) -> dict | None:
+    """How much one request's time moves when nothing but the timing differs: greedy
+    requests served by adaptive with the arm of a fixed mode, writing that mode's text
+    in the same pass, the sd of log(adaptive's time / the fixed mode's), over the
+    request and over its decode phase (the oracle picks among timings this noisy).
+    None with fewer than 3 such pairs."""
+    fixed = {(m["idx"], m.get("repeat", 0), m["mode"]): m for m in ms
+             if m["mode"] != ADAPTIVE and m["temperature"] == 0 and ok(m)}
+    pairs = [(m, f) for m in ms if m["mode"] == ADAPTIVE and m["temperature"] == 0 and ok(m)
+             for f in [fixed.get((m["idx"], m.get("repeat", 0), m.get("arm")))]
+             if f is not None and f["text_sha"] == m["text_sha"]]
+    if len(pairs) < 3:
+        return None
+
+    def sd(xs: list[float]) -> float:
+        mean = sum(xs) / len(xs)
+        return round(math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)), 4)
+
+    whole = [math.log(a["latency_s"] / f["latency_s"]) for a, f in pairs]
+    decode = [math.log((a["latency_s"] - a["ttft_s"]) / (f["latency_s"] - f["ttft_s"])) for a, f in pairs
+              if 0 < a.get("ttft_s", 0) < a["latency_s"] and 0 < f.get("ttft_s", 0) < f["latency_s"]]
+    return dict(pairs=len(pairs), sd_log_ratio=sd(whole), decode_sd_log_ratio=sd(decode) if len(decode) > 2 else None)
 
 
 def compare(ms: list[dict], modes: list[str]) -> dict:
@@ -126,6 +150,9 @@ def compare(ms: list[dict], modes: list[str]) -> dict:
                 out["adaptive_vs_held_out_oracle"] = round(a / by_mode[HELD_OUT]["tok_s"], 4)
             out["adaptive_arms"] = dict(Counter(m.get("arm") for m in ms if m["mode"] == ADAPTIVE and ok(m))
                                         .most_common())
+    noise = timing_noise(ms)
+    if noise:
+        out["timing_noise"] = noise
     return out
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.specbench.analysis import held_out_picks, ok, oracle_picks, s_per_token, totals
+from bench.specbench.analysis import held_out_picks, ok, oracle_picks, s_per_token, timing_noise, totals
 from bench.specbench.workload import ADAPTIVE, WorkloadError, build_workload, read_rows
 
 
@@ -271,6 +271,11 @@ def main(args) -> int:
                      f"({out['held_out_oracle_vs_plain']:.4f}x plain)" if "vs_held_out_oracle" in out else ""))
             print("  fixed arms: " + ", ".join(f"{a} {v:.4f}x" for a, v in out["fixed_vs_plain"].items()))
             print("  requests served: " + ", ".join(f"{a} {n:g}" for a, n in out["choices"].items()))
+            c1 = [m for m in bench["measurements"] if m.get("concurrency") == 1]
+            if noise := timing_noise(c1):
+                print(f"  timing noise: {noise['pairs']} greedy requests adaptive served with a fixed mode's arm and "
+                      f"text, sd of the log time ratio {noise['sd_log_ratio']:.3f} (decode phase "
+                      f"{noise['decode_sd_log_ratio']})")
         start = None
         if args.fit_prior:
             fits = fit_prior(runs, classifier, model)

@@ -81,7 +81,12 @@ def markdown(summary: dict) -> str:
                   f"{_f(c1.get('adaptive_vs_best_fixed'))}x; adaptive vs oracle: {_f(c1.get('adaptive_vs_oracle'))}x"
                   + (f", vs the oracle with its arms chosen on other passes: {_f(ho)}x (the true per-request best lies "
                      "between the two)" if (ho := c1.get("adaptive_vs_held_out_oracle")) else "") + ".",
-                  f"Oracle's picks: {c1['oracle_arms']}.", f"Adaptive's picks: {c1.get('adaptive_arms', {})}.", ""]
+                  f"Oracle's picks: {c1['oracle_arms']}.", f"Adaptive's picks: {c1.get('adaptive_arms', {})}."]
+        if noise := c1.get("timing_noise"):
+            lines.append(f"Timing noise: {noise['pairs']} greedy requests served by adaptive with a fixed mode's arm "
+                         f"and text differ from that mode's time by {noise['sd_log_ratio']:.3f} (sd of the log "
+                         f"ratio; decode phase {_f(noise['decode_sd_log_ratio'], '.3f')}).")
+        lines.append("")
         cats = summary["by_category"]
         modes = [m for m in c1["modes"] if m != "plain"]
         lines += ["### Speed over plain by category (concurrency 1)", "",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 import pytest
 
@@ -287,3 +288,23 @@ def test_the_report_gives_an_engines_prices_in_its_own_steps():
     assert lines == ["Engine `local` prices (end of run): a decode step 40.0 ms; a lone row verifying k drafts, "
                      "over a step: 1: +0.25, 2: +0.50; drafting eagle 4.00 ms per token (0.100 of a step).", ""]
     assert report.prices_markdown([dict(id="remote", lone_step_s=[], drafting_s={})]) == []
+
+
+def test_timing_noise_pairs_adaptive_with_the_fixed_mode_whose_arm_and_text_it_had():
+    """Greedy requests adaptive served with a fixed mode's arm, writing its text: their
+    time ratios' spread is the timing's own noise. Sampled requests, other texts and
+    other arms are left out."""
+    ms = []
+    for i, r in enumerate((1.1, 0.9, 1.0, 1.2)):
+        ms += [m(i, "ngram:4", 10, 1.0, ttft_s=0.5), m(i, ADAPTIVE, 10, r, arm="ngram:4", ttft_s=0.5)]
+    ms += [m(9, "ngram:4", 10, 1.0), m(9, ADAPTIVE, 10, 3.0, arm="ngram:4", sha="other"),  # another text
+           m(8, "ngram:4", 10, 1.0, temp=0.7), m(8, ADAPTIVE, 10, 3.0, temp=0.7, arm="ngram:4"),  # sampled
+           m(7, "ngram:4", 10, 1.0), m(7, ADAPTIVE, 10, 3.0, arm="plain")]  # another arm
+    noise = analysis.timing_noise(ms)
+    logs = [math.log(r) for r in (1.1, 0.9, 1.0, 1.2)]
+    mean = sum(logs) / 4
+    assert noise["pairs"] == 4
+    assert noise["sd_log_ratio"] == pytest.approx(math.sqrt(sum((x - mean) ** 2 for x in logs) / 3), abs=1e-4)
+    assert noise["decode_sd_log_ratio"] > noise["sd_log_ratio"]  # the same seconds over a shorter phase
+    assert analysis.compare(ms, ["plain", "ngram:4", ADAPTIVE])["timing_noise"] == noise
+    assert analysis.timing_noise(ms[:4]) is None  # two pairs: no spread to speak of
