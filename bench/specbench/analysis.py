@@ -108,10 +108,10 @@ def timing_noise(ms: list[dict]) -> dict | None:
     request and over its decode phase (the oracle picks among timings this noisy).
     None with fewer than 3 such pairs."""
     fixed = {(m["idx"], m.get("repeat", 0), m["mode"]): m for m in ms
-             if m["mode"] != ADAPTIVE and m["temperature"] == 0 and ok(m)}
-    pairs = [(m, f) for m in ms if m["mode"] == ADAPTIVE and m["temperature"] == 0 and ok(m)
+             if m["mode"] != ADAPTIVE and m.get("temperature") == 0 and ok(m)}
+    pairs = [(m, f) for m in ms if m["mode"] == ADAPTIVE and m.get("temperature") == 0 and ok(m)
              for f in [fixed.get((m["idx"], m.get("repeat", 0), m.get("arm")))]
-             if f is not None and f["text_sha"] == m["text_sha"]]
+             if f is not None and f.get("text_sha") is not None and f.get("text_sha") == m.get("text_sha")]
     if len(pairs) < 3:
         return None
 

@@ -31,13 +31,13 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.specbench.replay import features_of, fixed_menu, measured, replay, workload_of
+from bench.specbench.replay import features_of, first_passes, fixed_menu, replay, workload_of
 from bench.specbench.workload import WorkloadError
 
 
 def mean_run(benches: list[dict]) -> dict:
     """One run whose concurrency-1 measurements are the runs' means per request and arm."""
-    ms = [measured(b) for b in benches]
+    ms = [first_passes(b) for b in benches]
     keys = set.intersection(*(set(m) for m in ms))
     mean = [dict(idx=i, mode=a, concurrency=1, repeat=0,
                  output_tokens=float(np.mean([m[(i, a)]["output_tokens"] for m in ms])),
@@ -70,7 +70,7 @@ class GateReplay:
         if len(set(modes)) > 1 or any(b["requests"] != benches[0]["requests"] for b in benches):
             raise ValueError("the runs do not share one workload and one set of arms")
         fixed, self.by_draft, self.arms = fixed_menu(modes[0])
-        self.measured = [measured(b) for b in benches]
+        self.measured = [first_passes(b) for b in benches]
         self.requests = [r for r in requests if all((r.idx, a) in m for a in fixed for m in self.measured)]
         if not self.requests:
             raise ValueError("no request was measured under every fixed arm at concurrency 1 in every run")

@@ -48,6 +48,12 @@ def measured(bench: dict) -> dict[tuple[int, str], dict[int, dict]]:
     return out
 
 
+def first_passes(bench: dict) -> dict[tuple[int, str], dict]:
+    """(request idx, fixed mode) -> its first pass's concurrency-1 measurement (what
+    `specgate bench-gate` draws a request's outcome from, one run at a time)."""
+    return {k: by_pass[min(by_pass)] for k, by_pass in measured(bench).items()}
+
+
 def workload_of(bench: dict, data: str | None = None):
     """The run's requests with their prompts (bench.json keeps only their sizes)."""
     st = bench["settings"]
