@@ -13,6 +13,7 @@ per-request best lies between them.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable
 
@@ -114,15 +115,11 @@ def timing_noise(ms: list[dict]) -> dict | None:
              if f is not None and f.get("text_sha") is not None and f.get("text_sha") == m.get("text_sha")]
     if len(pairs) < 3:
         return None
-
-    def sd(xs: list[float]) -> float:
-        mean = sum(xs) / len(xs)
-        return round(math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)), 4)
-
     whole = [math.log(a["latency_s"] / f["latency_s"]) for a, f in pairs]
     decode = [math.log((a["latency_s"] - a["ttft_s"]) / (f["latency_s"] - f["ttft_s"])) for a, f in pairs
               if 0 < a.get("ttft_s", 0) < a["latency_s"] and 0 < f.get("ttft_s", 0) < f["latency_s"]]
-    return dict(pairs=len(pairs), sd_log_ratio=sd(whole), decode_sd_log_ratio=sd(decode) if len(decode) > 2 else None)
+    return dict(pairs=len(pairs), sd_log_ratio=round(statistics.stdev(whole), 4),
+                decode_sd_log_ratio=round(statistics.stdev(decode), 4) if len(decode) > 2 else None)
 
 
 def compare(ms: list[dict], modes: list[str]) -> dict:

@@ -50,9 +50,10 @@ def c1_ratios(ms: list[dict], fixed: list[str]) -> dict[str, float]:
         out["adaptive/best_fixed"] = rate[ADAPTIVE] / top
         out["adaptive/oracle"] = rate[ADAPTIVE] / rate["oracle"]
     if held_out:
-        out["oracle, held out/plain"] = _rate(held_out) / plain
+        held = _rate(held_out)
+        out["oracle, held out/plain"] = held / plain
         if ADAPTIVE in rate:
-            out["adaptive/oracle, held out"] = rate[ADAPTIVE] / _rate(held_out)
+            out["adaptive/oracle, held out"] = rate[ADAPTIVE] / held
     return out
 
 

@@ -113,8 +113,9 @@ def replay(bench: dict, requests, model, rules, classifier, draws: int = 200, se
     speed = {a: totals(every[a])["tok_s"] for a in fixed}
     # the oracles, by the bench's own rules (analysis.py): each (request, pass)'s fastest fixed arm
     # per token, and, with two passes or more, the one fastest for the request on its other passes
-    oracle = totals(list(oracle_picks([m for a in fixed for m in every[a]], fixed).values()))["tok_s"]
-    held = held_out_picks([m for a in fixed for m in every[a]], fixed)
+    pooled = [m for a in fixed for m in every[a]]
+    oracle = totals(list(oracle_picks(pooled, fixed).values()))["tok_s"]
+    held = held_out_picks(pooled, fixed)
     policy = tokens / seconds
     best = max(fixed, key=speed.get)
     out = dict(requests=len(full), vs_plain=policy / speed["plain"],
@@ -123,8 +124,8 @@ def replay(bench: dict, requests, model, rules, classifier, draws: int = 200, se
                fixed_vs_plain={a: speed[a] / speed["plain"] for a in fixed},
                choices={a: round(n, 1) for a, n in shares.most_common()})
     if held:
-        out.update(vs_held_out_oracle=policy / totals(held)["tok_s"],
-                   held_out_oracle_vs_plain=totals(held)["tok_s"] / speed["plain"])
+        held_speed = totals(held)["tok_s"]
+        out.update(vs_held_out_oracle=policy / held_speed, held_out_oracle_vs_plain=held_speed / speed["plain"])
     return out
 
 
