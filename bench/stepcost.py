@@ -1,9 +1,10 @@
 """How well the step-cost model prices batches it was not fitted on: the
 start-up profile's forwards (a lone row feeding 1..9 tokens, the batched SHAPES)
 and held-out batches where rows verify drafts beside rows decoding, all timed
-round-robin on the real target, each shape its fastest of `--repeats`. Two
+round-robin on the real target, each shape its fastest of `--repeats`. Three
 models are fitted on the start-up forwards alone: the engine's (a token on the
-route as W @ xᵀ priced apart from one laid out, `k` and `b`) and one slope for
+route as W @ xᵀ priced apart from one laid out, `k` and `b`, and a further pass
+of the panels over the weights, `p`), the same without `p`, and one slope for
 both routes. Per held-out batch: measured, and each model's price over it; then
 what verifying 1 and 4 drafts adds to a batch of 8 rows decoding.
 
@@ -29,7 +30,7 @@ HELD_OUT = [[1] * 4 + [3] * 4, [1] * 3 + [5], [1] * 8, [1] * 7 + [2], [1] * 7 + 
 
 
 def one_slope(x):
-    """The features with the two routes' token columns (b's and k's) as one."""
+    """The features with the two routes' token columns (b's and k's) as one, and no passes."""
     import numpy as np
 
     return np.column_stack([x[:, 0], x[:, 1] + x[:, 7], x[:, 2:7]])
@@ -47,40 +48,45 @@ def run(repeats: int) -> None:
 
     engine = BuiltinEngine.from_config(load_engine_config(None), start_worker=False)
     model, prof = engine._sched.model, engine.profile
+    passes = prof.cost.pass_rows
     fitted = [[t] for t in range(1, LONE_TOKENS + 1)] + SHAPES
     shapes = fitted + HELD_OUT
     print(f"machine: {cpu_model()}; {len(fitted)} start-up forwards, {len(HELD_OUT)} held out, "
           f"fastest of {repeats}", flush=True)
     ys = np.array(fastest_steps(model, [[(n, 1 < n <= LONE_TOKENS) for n in s] for s in shapes], repeats=repeats))
     engine.close()
-    x = np.array([features(sum(s), len(s), sum(n > 1 for n in s), prof.packed_from, prof.layers_upto)
-                  for s in shapes])
+
+    def row(s: list[int], pass_rows: int = passes) -> list[float]:
+        return features(sum(s), len(s), sum(n > 1 for n in s), prof.packed_from, prof.layers_upto, pass_rows)
+
+    x, x0 = np.array([row(s) for s in shapes]), np.array([row(s, 0) for s in shapes])
     n = len(fitted)
-    cost = fit(x[:n], ys[:n], packed_from=prof.packed_from, columns_upto=prof.layers_upto)
+    cost = fit(x[:n], ys[:n], packed_from=prof.packed_from, columns_upto=prof.layers_upto, pass_rows=passes)
+    flat_cost = fit(x0[:n], ys[:n], packed_from=prof.packed_from, columns_upto=prof.layers_upto)
     flat, _ = nnls(one_slope(x[:n]), ys[:n])
     print(f"the layers run as W @ xᵀ up to {prof.layers_upto} tokens; a token there {cost.k * 1e3:.2f} ms, "
-          f"laid out {cost.b * 1e3:.2f} ms; one slope for both {flat[1] * 1e3:.2f} ms")
-    print(f"{'batch (tokens per row)':34s} {'measured':>9s} {'k and b':>8s} {'one slope':>9s}")
+          f"laid out {cost.b * 1e3:.2f} ms, a further pass of {passes} tokens {cost.p * 1e3:.2f} ms; "
+          f"without passes a token there {flat_cost.k * 1e3:.2f} ms; one slope for both {flat[1] * 1e3:.2f} ms")
+    models = {"engine's": lambda s: cost.step(sum(s), len(s), sum(t > 1 for t in s)),
+              "no passes": lambda s: flat_cost.step(sum(s), len(s), sum(t > 1 for t in s)),
+              "one slope": lambda s: float(one_slope(np.array([row(s)]))[0] @ flat)}
+    print(f"{'batch (tokens per row)':34s} {'measured':>9s} " + " ".join(f"{m:>9s}" for m in models))
     ratios = []
-    for s, y, xi in zip(HELD_OUT, ys[n:], x[n:]):
-        two = cost.step(sum(s), len(s), sum(t > 1 for t in s)) / y
-        one = float(one_slope(xi[None])[0] @ flat) / y
-        ratios.append((two, one))
+    for s, y in zip(HELD_OUT, ys[n:]):
+        ratios.append([price(s) / y for price in models.values()])
         name = " ".join(f"{s.count(t)}x{t}" for t in sorted(set(s)))
-        print(f"{name:34s} {y * 1e3:8.1f}  {two:8.2f} {one:9.2f}")
-    r = np.array(ratios)
-    for j, label in enumerate(("k and b", "one slope")):
-        err = np.abs(np.log(r[:, j]))
-        print(f"{label}: every price within a factor {np.exp(err.max()):.2f} of measured, "
-              f"mean |log ratio| {err.mean():.3f}")
+        print(f"{name:34s} {y * 1e3:8.1f}  " + " ".join(f"{r:9.2f}" for r in ratios[-1]))
+    err = np.abs(np.log(np.array(ratios)))
+    for j, label in enumerate(models):
+        print(f"{label}: every price within a factor {np.exp(err[:, j].max()):.2f} of measured, "
+              f"mean |log ratio| {err[:, j].mean():.3f}")
     took = {tuple(s): y for s, y in zip(shapes, ys)}
     for drafts in (1, 4):
-        measured = took[tuple([1] * 7 + [1 + drafts])] - took[tuple([1] * 8)]
-        two = cost.step(8 + drafts, 8, 1) - cost.step(8, 8)
-        one = float((one_slope(np.array([features(8 + drafts, 8, 1, prof.packed_from, prof.layers_upto)]))
-                     - one_slope(np.array([features(8, 8, 0, prof.packed_from, prof.layers_upto)])))[0] @ flat)
-        print(f"8 rows, one verifying {drafts} draft(s): adds {measured * 1e3:.1f} ms; priced {two * 1e3:.1f} "
-              f"(k and b), {one * 1e3:.1f} (one slope)")
+        verifying, decoding = [1] * 7 + [1 + drafts], [1] * 8
+        measured = took[tuple(verifying)] - took[tuple(decoding)]
+        priced = ", ".join(f"{(price(verifying) - price(decoding)) * 1e3:.1f} ({label})"
+                           for label, price in models.items())
+        print(f"8 rows, one verifying {drafts} draft(s): adds {measured * 1e3:.1f} ms; priced {priced}")
 
 
 def serve(arm: str, concurrency: int, temperature: float, steps: int, passes: int) -> None:
