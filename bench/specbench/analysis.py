@@ -59,12 +59,14 @@ def totals(ms: list[dict], wall_s: float | None = None) -> dict:
                 p50_s=round(pct(lat, 0.5), 4), p99_s=round(pct(lat, 0.99), 4))
 
 
-def oracle_picks(ms: list[dict], fixed: list[str]) -> dict[tuple[int, int], dict]:
-    """(idx, repeat) -> the fixed-arm measurement fastest per token for it."""
-    best: dict[tuple[int, int], dict] = {}
+def oracle_picks(ms: list[dict], fixed: list[str], unit: Callable[[dict], object] = lambda m: m["idx"]
+                 ) -> dict[tuple, dict]:
+    """(request, repeat) -> the fixed-arm measurement fastest per token for it; `unit`
+    keys a request, as in held_out_picks."""
+    best: dict[tuple, dict] = {}
     for m in ms:
         if m["mode"] in fixed and ok(m):
-            k = (m["idx"], m.get("repeat", 0))
+            k = (unit(m), m.get("repeat", 0))
             if k not in best or s_per_token(m) < s_per_token(best[k]):
                 best[k] = m
     return best

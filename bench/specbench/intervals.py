@@ -13,7 +13,7 @@ import math
 import random
 from collections import defaultdict
 
-from bench.specbench.analysis import held_out_picks
+from bench.specbench.analysis import held_out_picks, ok, oracle_picks
 from bench.specbench.workload import ADAPTIVE  # not the runner: the engine bench needs no gRPC
 
 BOOTSTRAP = 1000
@@ -32,17 +32,15 @@ def c1_ratios(ms: list[dict], fixed: list[str]) -> dict[str, float]:
     over the best fixed mode and over the oracle (and, with two passes or more, over
     the oracle whose arms were chosen on other passes: analysis.held_out_picks)."""
     by_mode: dict[str, list[dict]] = defaultdict(list)
-    best: dict[tuple, dict] = {}
     for m in ms:
         by_mode[m["mode"]].append(m)
-        if m["mode"] in fixed:
-            k = (m["idx"], m.get("repeat", 0), m.get("boot", 0))
-            spt = m["latency_s"] / m["output_tokens"]
-            if k not in best or spt < best[k]["latency_s"] / best[k]["output_tokens"]:
-                best[k] = m
     rate = {mode: _rate(cells) for mode, cells in by_mode.items()}
-    rate["oracle"] = _rate(list(best.values()))
-    held_out = held_out_picks(ms, fixed, unit=lambda m: (m["idx"], m.get("boot", 0)))
+
+    def unit(m: dict) -> tuple:  # a request drawn twice by the bootstrap is two requests
+        return m["idx"], m.get("boot", 0)
+
+    rate["oracle"] = _rate(list(oracle_picks(ms, fixed, unit).values()))
+    held_out = held_out_picks(ms, fixed, unit=unit)
     plain = rate.get("plain", float("nan"))
     out = {f"{mode}/plain": r / plain for mode, r in rate.items() if mode != "plain"}
     top = max((rate[m] for m in fixed if m in rate), default=float("nan"))
@@ -59,7 +57,7 @@ def c1_ratios(ms: list[dict], fixed: list[str]) -> dict[str, float]:
 
 def bootstrap_c1(ms: list[dict], fixed: list[str], seed: int = 0, b: int = BOOTSTRAP) -> dict[str, list[float]]:
     """ratio -> [point, low, high] (2.5th and 97.5th percentiles of the bootstrap)."""
-    good = [m for m in ms if "error" not in m and m.get("output_tokens", 0) > 0]
+    good = [m for m in ms if ok(m)]
     by_req: dict[int, list[dict]] = defaultdict(list)
     for m in good:
         by_req[m["idx"]].append(m)
